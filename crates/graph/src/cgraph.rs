@@ -1,0 +1,297 @@
+//! Compute graphs: nodes and leafs in ggml's build order.
+//!
+//! Why the order matters: every allocator offset and every scheduler split depends on it, so
+//! `build_forward_expand` reproduces ggml's depth-first post-order over sources in slot order
+//! exactly. The walk is iterative (an explicit stack), so graphs deeper than the thread's stack
+//! are fine, and the visited set is a bitset over tensor indices.
+
+use crate::context::Context;
+use crate::error::GraphError;
+use crate::op::Op;
+use crate::tensor::{MAX_SRC, TensorFlags, TensorId};
+
+/// ggml's default graph size (`GGML_DEFAULT_GRAPH_SIZE`).
+pub const DEFAULT_GRAPH_SIZE: usize = 2048;
+
+/// A computation graph (`ggml_cgraph`): nodes (computed tensors and parameters) and leafs
+/// (`NONE` tensors: weights, inputs, constants), each in a valid execution order, with a
+/// capacity for each list.
+///
+/// ```
+/// use graph::{Context, ElementType, Graph};
+/// let mut ctx = Context::new();
+/// let a = ctx.new_tensor_1d(ElementType::F32, 4)?;
+/// let s = ctx.sqr(a)?;
+/// let t = ctx.sqr(a)?;
+/// let u = ctx.add(s, t)?;
+/// let mut g = Graph::new(8);
+/// g.build_forward_expand(&mut ctx, u)?;
+/// assert_eq!(g.nodes(), &[s, t, u]);
+/// assert_eq!(g.leafs(), &[a]);
+/// assert_eq!(ctx[a].name(), "leaf_0"); // unnamed tensors get ggml's names
+/// assert_eq!(ctx[t].name(), "node_1");
+/// # Ok::<(), graph::GraphError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Graph {
+    capacity: usize,
+    nodes: Vec<TensorId>,
+    leafs: Vec<TensorId>,
+    visited: Vec<u64>,
+    /// Scratch for the iterative walk, kept to avoid allocating per expand.
+    stack: Vec<(TensorId, u8)>,
+    added: Vec<TensorId>,
+}
+
+/// A read-only window over a range of a graph's nodes (`ggml_graph_view`): what a backend
+/// computes for one split.
+#[derive(Copy, Clone, Debug)]
+pub struct GraphView<'a> {
+    /// The nodes, in execution order.
+    pub nodes: &'a [TensorId],
+    /// The leafs (empty for a node-range view, as in ggml).
+    pub leafs: &'a [TensorId],
+}
+
+impl<'a> GraphView<'a> {
+    /// A view over explicit node and leaf lists.
+    pub fn new(nodes: &'a [TensorId], leafs: &'a [TensorId]) -> Self {
+        GraphView { nodes, leafs }
+    }
+    /// Number of nodes.
+    pub fn n_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Graph::new(DEFAULT_GRAPH_SIZE)
+    }
+}
+
+impl Graph {
+    /// An empty graph with room for `capacity` nodes and `capacity` leafs.
+    pub fn new(capacity: usize) -> Self {
+        Graph {
+            capacity,
+            nodes: Vec::new(),
+            leafs: Vec::new(),
+            visited: Vec::new(),
+            stack: Vec::new(),
+            added: Vec::new(),
+        }
+    }
+
+    /// Capacity for nodes (and, separately, for leafs).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Nodes in execution order.
+    pub fn nodes(&self) -> &[TensorId] {
+        &self.nodes
+    }
+
+    /// Leafs in discovery order.
+    pub fn leafs(&self) -> &[TensorId] {
+        &self.leafs
+    }
+
+    /// Number of nodes.
+    pub fn n_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Number of leafs.
+    pub fn n_leafs(&self) -> usize {
+        self.leafs.len()
+    }
+
+    /// Node `i`; negative `i` counts from the end, like `ggml_graph_node`.
+    pub fn node(&self, i: isize) -> Option<TensorId> {
+        let n = self.nodes.len() as isize;
+        let j = if i < 0 { n + i } else { i };
+        if (0..n).contains(&j) {
+            Some(self.nodes[j as usize])
+        } else {
+            None
+        }
+    }
+
+    /// The whole graph as a view.
+    pub fn as_view(&self) -> GraphView<'_> {
+        GraphView {
+            nodes: &self.nodes,
+            leafs: &self.leafs,
+        }
+    }
+
+    /// Nodes `i0..i1` as a view with no leafs (`ggml_graph_view`).
+    pub fn view(&self, range: std::ops::Range<usize>) -> GraphView<'_> {
+        GraphView {
+            nodes: &self.nodes[range],
+            leafs: &[],
+        }
+    }
+
+    fn is_visited(&self, id: TensorId) -> bool {
+        let i = id.index();
+        self.visited
+            .get(i / 64)
+            .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+    }
+
+    fn set_visited(&mut self, id: TensorId, on: bool) {
+        let i = id.index();
+        if self.visited.len() <= i / 64 {
+            self.visited.resize(i / 64 + 1, 0);
+        }
+        if on {
+            self.visited[i / 64] |= 1u64 << (i % 64);
+        } else {
+            self.visited[i / 64] &= !(1u64 << (i % 64));
+        }
+    }
+
+    /// Whether `id` was reached by an expand (`ggml_hash_contains(visited, t)`).
+    pub fn contains(&self, id: TensorId) -> bool {
+        self.is_visited(id)
+    }
+
+    /// Add `t` and everything it depends on (through `src`, not `view_src`), in ggml's
+    /// depth-first post-order over source slots 0..10 (`ggml_build_forward_expand`). Tensors
+    /// already in the graph are skipped, so repeated calls accumulate. Unnamed tensors are named
+    /// `leaf_<i>` / `node_<i>`. On error (capacity, stale id) the graph is left as it was.
+    pub fn build_forward_expand(
+        &mut self,
+        ctx: &mut Context,
+        t: TensorId,
+    ) -> Result<(), GraphError> {
+        ctx.get(t)?;
+        let (n0, l0) = (self.nodes.len(), self.leafs.len());
+        self.added.clear();
+        let r = self.expand(ctx, t);
+        if r.is_err() {
+            for i in 0..self.added.len() {
+                let id = self.added[i];
+                self.set_visited(id, false);
+            }
+            self.nodes.truncate(n0);
+            self.leafs.truncate(l0);
+            self.stack.clear();
+        }
+        r
+    }
+
+    fn expand(&mut self, ctx: &mut Context, root: TensorId) -> Result<(), GraphError> {
+        if self.is_visited(root) {
+            return Ok(());
+        }
+        self.set_visited(root, true);
+        self.added.push(root);
+        self.stack.clear();
+        self.stack.push((root, 0));
+        while let Some(&mut (id, ref mut next)) = self.stack.last_mut() {
+            if (*next as usize) < MAX_SRC {
+                let k = *next as usize;
+                *next += 1;
+                if let Some(s) = ctx.get(id)?.src[k] {
+                    ctx.get(s)?;
+                    if !self.is_visited(s) {
+                        self.set_visited(s, true);
+                        self.added.push(s);
+                        self.stack.push((s, 0));
+                    }
+                }
+                continue;
+            }
+            self.stack.pop();
+            self.append(ctx, id)?;
+        }
+        Ok(())
+    }
+
+    fn append(&mut self, ctx: &mut Context, id: TensorId) -> Result<(), GraphError> {
+        let t = &mut ctx[id];
+        if t.op == Op::None && !t.flags.contains(TensorFlags::PARAM) {
+            if self.leafs.len() >= self.capacity {
+                return Err(GraphError::GraphFull {
+                    capacity: self.capacity,
+                    what: "leafs",
+                });
+            }
+            if t.name.is_empty() {
+                t.name = leaf_name("leaf_", self.leafs.len());
+            }
+            self.leafs.push(id);
+        } else {
+            if self.nodes.len() >= self.capacity {
+                return Err(GraphError::GraphFull {
+                    capacity: self.capacity,
+                    what: "nodes",
+                });
+            }
+            if t.name.is_empty() {
+                t.name = leaf_name("node_", self.nodes.len());
+            }
+            self.nodes.push(id);
+        }
+        Ok(())
+    }
+
+    /// Append a node without touching the visited set or checking uniqueness
+    /// (`ggml_graph_add_node`).
+    pub fn add_node(&mut self, id: TensorId) -> Result<(), GraphError> {
+        if self.nodes.len() >= self.capacity {
+            return Err(GraphError::GraphFull {
+                capacity: self.capacity,
+                what: "nodes",
+            });
+        }
+        self.nodes.push(id);
+        Ok(())
+    }
+
+    /// Append a leaf without touching the visited set (for builders that lay out their own
+    /// graph, like the scheduler's allocation graph).
+    pub fn add_leaf(&mut self, id: TensorId) -> Result<(), GraphError> {
+        if self.leafs.len() >= self.capacity {
+            return Err(GraphError::GraphFull {
+                capacity: self.capacity,
+                what: "leafs",
+            });
+        }
+        self.leafs.push(id);
+        Ok(())
+    }
+
+    /// Empty the graph, keeping its capacity and memory (`ggml_graph_clear`).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.leafs.clear();
+        self.visited.iter_mut().for_each(|w| *w = 0);
+    }
+
+    /// Change the capacity (the graph is cleared).
+    pub fn reset_capacity(&mut self, capacity: usize) {
+        self.clear();
+        self.capacity = capacity;
+    }
+
+    /// The first leaf, then node, named `name` (`ggml_graph_get_tensor`).
+    pub fn get_tensor(&self, ctx: &Context, name: &str) -> Option<TensorId> {
+        self.leafs
+            .iter()
+            .chain(&self.nodes)
+            .copied()
+            .find(|&id| ctx.get(id).is_ok_and(|t| t.name() == name))
+    }
+}
+
+fn leaf_name(prefix: &str, i: usize) -> crate::tensor::TensorName {
+    use std::fmt::Write;
+    let mut n = crate::tensor::TensorName::EMPTY;
+    let _ = write!(n, "{prefix}{i}");
+    n
+}
