@@ -1,1 +1,1 @@
-//! Placeholder.
+//! Placeholder: filled by its own issue.
