@@ -353,7 +353,7 @@ impl Exec<'_> {
         let (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow) =
             (p.f32(5), p.f32(6), p.f32(7), p.f32(8), p.f32(9), p.f32(10));
         let ne0 = dst.ne[0];
-        if n_dims > ne0 || n_dims % 2 != 0 {
+        if n_dims > ne0 || !n_dims.is_multiple_of(2) {
             return Err(BackendError::failed(
                 "CPU",
                 "rope: n_dims must be even and <= ne0",

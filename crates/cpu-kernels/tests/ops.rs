@@ -335,7 +335,7 @@ fn soft_max_variants() {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::needless_range_loop)]
 fn rope_ref(
     x: &[f64],
     ne: [i64; 4],
@@ -508,6 +508,7 @@ fn mul_mat_ref(va: &[f64], ane: [i64; 4], vb: &[f64], bne: [i64; 4]) -> Vec<f64>
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn mul_mat_case(
     ty: T,
     k: i64,
