@@ -134,9 +134,17 @@ fn elementwise_multithreaded_is_bit_identical() {
         let b = ctx.new_tensor_1d(T::F32, n).unwrap();
         let c = ctx.add(a, b).unwrap();
         // Miri perturbs transcendental results on purpose, so it checks arithmetic ops only.
-        let d = if cfg!(miri) { ctx.sqr(c).unwrap() } else { ctx.silu(c).unwrap() };
+        let d = if cfg!(miri) {
+            ctx.sqr(c).unwrap()
+        } else {
+            ctx.silu(c).unwrap()
+        };
         let e = ctx.scale(d, 0.3).unwrap();
-        let f = if cfg!(miri) { ctx.div(e, b).unwrap() } else { ctx.gelu(e).unwrap() };
+        let f = if cfg!(miri) {
+            ctx.div(e, b).unwrap()
+        } else {
+            ctx.gelu(e).unwrap()
+        };
         let g = graph_of(&mut ctx, &[f]);
         let _buf = alloc_all(&mut ctx);
         let mut rng = Rng::new(11);
