@@ -118,3 +118,8 @@ pub fn hex(dump: &str) -> Vec<u8> {
     }
     out
 }
+
+/// The server the fuzz tests drive.
+pub fn fuzz_server(config: ServerConfig) -> Arc<Server> {
+    mem_server(config)
+}
