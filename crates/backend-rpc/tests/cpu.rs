@@ -82,6 +82,7 @@ fn run(backend: &Backend, buft: &BufferType) -> Vec<u8> {
 }
 
 fn cpu_server(config: ServerConfig) -> Arc<Server> {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let dev = backend_cpu::cpu_device();
     Server::new(dev, Arc::new(|| backend_cpu::init()), config)
 }
@@ -99,26 +100,24 @@ fn remote_graph_equals_local_cpu_bit_for_bit() {
 
 #[test]
 fn server_killed_mid_graph_is_a_prompt_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args(["--host", "127.0.0.1", "--port", "0", "--threads", "1"])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--threads", "1"])
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Port 0: read the endpoint from the banner.
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut endpoint = String::new();
-    for _ in 0..20 {
-        let mut line = String::new();
-        if std::io::BufRead::read_line(&mut err, &mut line).unwrap_or(0) == 0 {
-            break;
-        }
-        if let Some(rest) = line.split("endpoint=").nth(1) {
-            endpoint = rest.split_whitespace().next().unwrap().to_owned();
-            break;
-        }
+    // Ready when the port accepts.
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(&endpoint).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(!endpoint.is_empty(), "no endpoint in the banner");
     let dev = connect(&endpoint, &cfg()).unwrap().remove(0);
     let backend = dev.init_backend("").unwrap();
     // A graph that takes a while: 30 chained 1024x1024 matmuls (64 GFLOP).
