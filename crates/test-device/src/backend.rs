@@ -54,6 +54,36 @@ impl TestBackend {
         })
     }
 
+    /// Queue a command that holds the stream until the returned [`StreamPause`] is released
+    /// (or dropped): everything queued after it waits. Tests use it to prove that operations
+    /// are really asynchronous and that events really order work, without timing anything.
+    ///
+    /// ```
+    /// use test_device::{TestBackend, TestDevice, TestDeviceConfig};
+    /// let dev = TestDevice::create(TestDeviceConfig::default())?;
+    /// let backend = dev.init_backend("")?;
+    /// let tb = backend.implementation().as_any().downcast_ref::<TestBackend>().unwrap();
+    /// let pause = tb.pause()?;
+    /// // ... queue work; it cannot have run yet ...
+    /// pause.release();
+    /// backend.synchronize()?;
+    /// # Ok::<(), backend_core::BackendError>(())
+    /// ```
+    pub fn pause(&self) -> Result<StreamPause> {
+        let gate = Arc::new(EventState::default());
+        let target = gate.arm();
+        let g = gate.clone();
+        self.stream.submit(Box::new(move || {
+            g.wait_for(target);
+            Ok(())
+        }))?;
+        Ok(StreamPause {
+            gate,
+            target,
+            released: false,
+        })
+    }
+
     /// `tensor`'s place in this device's memory, if that is where it lives.
     fn ours(&self, tensor: &Tensor) -> Option<(Buffer, Arc<crate::memory::DeviceAlloc>, usize)> {
         let st = tensor.storage()?;
@@ -227,6 +257,33 @@ impl BackendImpl for TestBackend {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// A hold on a stream made by [`TestBackend::pause`]; releasing or dropping it lets the stream
+/// go on.
+pub struct StreamPause {
+    gate: Arc<EventState>,
+    target: u64,
+    released: bool,
+}
+
+impl StreamPause {
+    /// Let the stream continue.
+    pub fn release(mut self) {
+        self.open();
+    }
+    fn open(&mut self) {
+        if !self.released {
+            self.released = true;
+            self.gate.fire(self.target);
+        }
+    }
+}
+
+impl Drop for StreamPause {
+    fn drop(&mut self) {
+        self.open();
     }
 }
 

@@ -47,7 +47,14 @@ impl EventState {
         r.map(|_| ())
     }
 
-    fn fire(&self, target: u64) {
+    /// Count a record whose marker someone else fires (a stream pause).
+    pub(crate) fn arm(&self) -> u64 {
+        let mut m = self.marks.lock();
+        m.recorded += 1;
+        m.recorded
+    }
+
+    pub(crate) fn fire(&self, target: u64) {
         let mut m = self.marks.lock();
         m.fired = m.fired.max(target);
         self.cv.notify_all();

@@ -45,7 +45,7 @@ mod event;
 mod memory;
 mod stream;
 
-pub use backend::{TEST_GUID, TestBackend};
+pub use backend::{StreamPause, TEST_GUID, TestBackend};
 pub use buffer::{TestBuffer, TestBufferType};
 pub use config::TestDeviceConfig;
 pub use device::{TestDevice, TestRegistry, register};
