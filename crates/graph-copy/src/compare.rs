@@ -13,7 +13,7 @@
 use backend_core::{Backend, tensor_get, tensor_set};
 use graph::{Context, Graph, Op, TensorId};
 
-use crate::copy::{GraphCopy, GraphCopyError, graph_copy};
+use crate::copy::{CopyOptions, GraphCopy, GraphCopyError, graph_copy_with};
 
 /// One computed node, as handed to the comparison callback.
 #[derive(Debug)]
@@ -48,9 +48,27 @@ pub struct Unsupported {
     pub backend: String,
 }
 
+/// A node after which a guard region of one backend's copy was found overwritten.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardViolation {
+    /// Position of the node in the graph's node list.
+    pub index: usize,
+    /// The node whose computation wrote out of bounds.
+    pub id: TensorId,
+    /// Its op label.
+    pub op: String,
+    /// The backend that computed it.
+    pub backend: String,
+    /// The tensor the damaged guard follows (`None`: the guard before the first tensor).
+    pub after: Option<TensorId>,
+}
+
 /// What a comparison did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompareReport {
+    /// Out-of-bounds writes caught by guard regions (only with
+    /// [`CopyOptions::guard_bytes`] > 0).
+    pub guard_violations: Vec<GuardViolation>,
     /// Nodes computed on both backends and handed to the callback.
     pub compared: usize,
     /// Nodes skipped on one backend because it does not support them.
@@ -68,6 +86,26 @@ pub(crate) fn op_label(op: Op) -> String {
         Op::Unary(u) => format!("UNARY({})", u.name()),
         other => other.name().to_owned(),
     }
+}
+
+fn guards(
+    copy: &GraphCopy,
+    backend: &Backend,
+    index: usize,
+    id: TensorId,
+    op: Op,
+    report: &mut CompareReport,
+) -> Result<(), GraphCopyError> {
+    for after in copy.check_guards()? {
+        report.guard_violations.push(GuardViolation {
+            index,
+            id,
+            op: op_label(op),
+            backend: backend.name().to_owned(),
+            after,
+        });
+    }
+    Ok(())
 }
 
 fn copy_result(from: &Context, to: &Context, id: TensorId) -> Result<(), GraphCopyError> {
@@ -112,10 +150,30 @@ pub fn compare_graph_backends(
     backend2: &Backend,
     ctx: &Context,
     graph: &Graph,
+    callback: impl FnMut(&NodeComparison<'_>) -> bool,
+) -> Result<CompareReport, GraphCopyError> {
+    compare_graph_backends_with(
+        backend1,
+        backend2,
+        ctx,
+        graph,
+        &CopyOptions::default(),
+        callback,
+    )
+}
+
+/// [`compare_graph_backends`] with layout options for both copies; with guard regions, each
+/// node's computation is followed by a check of its backend's guards.
+pub fn compare_graph_backends_with(
+    backend1: &Backend,
+    backend2: &Backend,
+    ctx: &Context,
+    graph: &Graph,
+    opts: &CopyOptions,
     mut callback: impl FnMut(&NodeComparison<'_>) -> bool,
 ) -> Result<CompareReport, GraphCopyError> {
-    let c1: GraphCopy = graph_copy(ctx, graph, &backend1.default_buffer_type())?;
-    let c2: GraphCopy = graph_copy(ctx, graph, &backend2.default_buffer_type())?;
+    let c1: GraphCopy = graph_copy_with(ctx, graph, &backend1.default_buffer_type(), opts)?;
+    let c2: GraphCopy = graph_copy_with(ctx, graph, &backend2.default_buffer_type(), opts)?;
     let (ctx1, ctx2) = (c1.ctx(), c2.ctx());
     let nodes = c1.graph().nodes();
     let mut report = CompareReport::default();
@@ -140,7 +198,9 @@ pub fn compare_graph_backends(
         match (s1, s2) {
             (true, true) => {
                 backend1.graph_compute(ctx1, one)?;
+                guards(&c1, backend1, index, id, op, &mut report)?;
                 backend2.graph_compute(ctx2, one)?;
+                guards(&c2, backend2, index, id, op, &mut report)?;
                 report.compared += 1;
                 let cmp = NodeComparison {
                     index,
@@ -155,10 +215,12 @@ pub fn compare_graph_backends(
             }
             (true, false) => {
                 backend1.graph_compute(ctx1, one)?;
+                guards(&c1, backend1, index, id, op, &mut report)?;
                 copy_result(ctx1, ctx2, id)?;
             }
             (false, true) => {
                 backend2.graph_compute(ctx2, one)?;
+                guards(&c2, backend2, index, id, op, &mut report)?;
                 copy_result(ctx2, ctx1, id)?;
             }
             (false, false) => {

@@ -38,6 +38,30 @@ pub struct GraphCopy {
     graph: Graph,
     buffer: Buffer,
     copied: Vec<TensorId>,
+    /// Guard tensors and the copied tensor each one follows (`None`: the leading guard).
+    guards: Vec<(TensorId, Option<TensorId>)>,
+}
+
+/// How to lay out a copy.
+///
+/// ```
+/// let opts = graph_copy::CopyOptions { guard_bytes: 64 };
+/// assert_eq!(graph_copy::CopyOptions::default().guard_bytes, 0);
+/// # let _ = opts;
+/// ```
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyOptions {
+    /// Bytes of guard (sentinel) memory before the first copied tensor and after every one,
+    /// filled with a known pattern; [`GraphCopy::check_guards`] finds the ones a backend
+    /// overwrote. 0: tensors are packed at the buffer type's alignment.
+    pub guard_bytes: usize,
+}
+
+/// The bytes guard number `k` holds.
+fn guard_pattern(len: usize, k: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(151) ^ k.wrapping_mul(29) ^ 0xA5) as u8)
+        .collect()
 }
 
 impl GraphCopy {
@@ -60,6 +84,24 @@ impl GraphCopy {
     /// Every tensor copied (reachable from the graph's nodes), in first-reached order.
     pub fn tensors(&self) -> &[TensorId] {
         &self.copied
+    }
+
+    /// Check every guard region (see [`CopyOptions::guard_bytes`]); returns, for each damaged
+    /// one, the copied tensor it follows (`None` for the guard before the first tensor), and
+    /// restores the pattern so that later damage is seen separately.
+    pub fn check_guards(&self) -> Result<Vec<Option<TensorId>>, BackendError> {
+        let mut damaged = Vec::new();
+        let mut got = Vec::new();
+        for (k, &(g, after)) in self.guards.iter().enumerate() {
+            let want = guard_pattern(self.ctx[g].nbytes(), k);
+            got.resize(want.len(), 0);
+            tensor_get(&self.ctx, g, 0, &mut got)?;
+            if got != want {
+                damaged.push(after);
+                tensor_set(&self.ctx, g, 0, &want)?;
+            }
+        }
+        Ok(damaged)
     }
 }
 
@@ -94,11 +136,27 @@ pub fn graph_copy(
     graph: &Graph,
     buft: &BufferType,
 ) -> Result<GraphCopy, GraphCopyError> {
+    graph_copy_with(ctx, graph, buft, &CopyOptions::default())
+}
+
+/// [`graph_copy`] with a layout option: guard regions around every copied tensor.
+pub fn graph_copy_with(
+    ctx: &Context,
+    graph: &Graph,
+    buft: &BufferType,
+    opts: &CopyOptions,
+) -> Result<GraphCopy, GraphCopyError> {
     let copied = reachable(ctx, graph)?;
-    // Place every non-view tensor: aligned offsets in one buffer.
+    // Place every non-view tensor: aligned offsets in one buffer, each followed by its guard.
     let align = buft.alignment().max(1);
+    let gb = opts.guard_bytes;
     let mut offsets = Vec::with_capacity(copied.len());
+    let mut guard_offsets: Vec<(usize, Option<TensorId>)> = Vec::new();
     let mut size = 0usize;
+    if gb > 0 {
+        guard_offsets.push((0, None));
+        size = gb;
+    }
     for &id in &copied {
         let t = &ctx[id];
         if !t.has_storage() {
@@ -110,6 +168,11 @@ pub fn graph_copy(
         let start = size.next_multiple_of(align);
         offsets.push((id, start));
         size = start + buft.alloc_size(t);
+        if gb > 0 {
+            let g = size.next_multiple_of(align);
+            guard_offsets.push((g, Some(id)));
+            size = g + gb;
+        }
     }
     let buffer = buft
         .alloc_buffer(size)
@@ -132,6 +195,14 @@ pub fn graph_copy(
             view_init(&mut new_ctx, id)?;
         }
     }
+    let mut guards = Vec::with_capacity(guard_offsets.len());
+    for (k, &(offset, after)) in guard_offsets.iter().enumerate() {
+        let g = new_ctx.new_tensor_1d(graph::ElementType::I8, gb as i64)?;
+        new_ctx.set_name(g, "guard")?;
+        tensor_alloc(&mut new_ctx, &buffer, g, offset)?;
+        tensor_set(&new_ctx, g, 0, &guard_pattern(gb, k))?;
+        guards.push((g, after));
+    }
     // Data: every placed tensor, through host memory (the source and target may be any two
     // devices, and views share their root's bytes).
     let mut staging = Vec::new();
@@ -152,5 +223,6 @@ pub fn graph_copy(
         graph: graph.clone(),
         buffer,
         copied,
+        guards,
     })
 }

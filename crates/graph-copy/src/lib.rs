@@ -50,5 +50,8 @@
 mod compare;
 mod copy;
 
-pub use compare::{CompareReport, NodeComparison, Unsupported, compare_graph_backends};
-pub use copy::{GraphCopy, GraphCopyError, graph_copy};
+pub use compare::{
+    CompareReport, GuardViolation, NodeComparison, Unsupported, compare_graph_backends,
+    compare_graph_backends_with,
+};
+pub use copy::{CopyOptions, GraphCopy, GraphCopyError, graph_copy, graph_copy_with};

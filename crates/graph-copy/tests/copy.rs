@@ -198,3 +198,33 @@ fn compare_skips_view_ops_and_reports_nodes_no_backend_computes() {
     assert_eq!(who, ["A", "B"]);
     assert_eq!(rep.unsupported[0].op, "SQR");
 }
+
+#[test]
+fn guards_surround_every_copied_tensor_and_catch_overwrites() {
+    let dev = TestDevice::create(TestDeviceConfig::named("G").alignment(64)).unwrap();
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_1d(ElementType::F32, 12).unwrap(); // 48 bytes
+    let y = ctx.sqr(x).unwrap();
+    let mut g = Graph::new(4);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let buf = dev.buffer_type().alloc_buffer(256).unwrap();
+    tensor_alloc(&mut ctx, &buf, x, 0).unwrap();
+    tensor_alloc(&mut ctx, &buf, y, 64).unwrap();
+    let opts = graph_copy::CopyOptions { guard_bytes: 64 };
+    let mut copy = graph_copy::graph_copy_with(&ctx, &g, &dev.buffer_type(), &opts).unwrap();
+    // Layout by hand: guard 0..64, y at 64 (48 bytes), guard at 128..192, x at 192, guard at 256..320.
+    assert_eq!(copy.buffer().size(), 320);
+    let off = |c: &Context, t: TensorId| c[t].storage().unwrap().offset;
+    assert_eq!((off(copy.ctx(), y), off(copy.ctx(), x)), (64, 192));
+    assert!(copy.check_guards().unwrap().is_empty());
+    // An out-of-bounds write just past y lands in y's guard.
+    let buffer = copy.buffer().clone();
+    let c = copy.ctx_mut();
+    let intruder = c.new_tensor_1d(ElementType::I8, 1).unwrap();
+    tensor_alloc(c, &buffer, intruder, 128).unwrap();
+    tensor_set(c, intruder, 0, &[0]).unwrap();
+    tensor_set(c, intruder, 0, &[1]).unwrap();
+    assert_eq!(copy.check_guards().unwrap(), vec![Some(y)]);
+    // Re-armed: no damage left.
+    assert!(copy.check_guards().unwrap().is_empty());
+}
