@@ -186,13 +186,13 @@ fn alignment(buft: &BufferType) -> Check {
         );
         if let Some(p) = buf.host_ptr() {
             ensure!(
-                p.as_ptr() as usize % a == 0,
+                (p.as_ptr() as usize).is_multiple_of(a),
                 "host base {:p} not aligned to {a}",
                 p.as_ptr()
             );
         } else if buf.base_address() != 0 {
             ensure!(
-                buf.base_address() % a as u64 == 0,
+                buf.base_address().is_multiple_of(a as u64),
                 "base address {:#x} not aligned to {a}",
                 buf.base_address()
             );

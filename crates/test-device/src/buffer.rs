@@ -91,7 +91,7 @@ impl TestBuffer {
     }
 
     /// The test buffer behind `storage` if it belongs to the device of `core`.
-    pub(crate) fn of<'a>(
+    pub(crate) fn of(
         storage: &TensorStorage,
         core: &Arc<Core>,
     ) -> Option<(Buffer, Arc<DeviceAlloc>)> {
