@@ -81,7 +81,7 @@ impl TestBuffer {
         let bus = self.core.bus.clone();
         let mem = self.mem.clone();
         let latency = self.core.config.transfer_latency;
-        self.core.engine.run(move || {
+        self.core.engine()?.run(move || {
             if !latency.is_zero() {
                 std::thread::sleep(latency);
             }

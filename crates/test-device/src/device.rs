@@ -21,10 +21,23 @@ pub(crate) struct Core {
     pub(crate) config: TestDeviceConfig,
     /// Held by every access to this device's memory.
     pub(crate) bus: Arc<Bus>,
-    /// Executes the synchronous buffer commands.
-    pub(crate) engine: Stream,
+    /// Executes the synchronous buffer commands; started on the first one, so a device that
+    /// never touches memory (a registry entry nobody uses) owns no thread.
+    engine: OnceLock<Stream>,
     pub(crate) used: AtomicUsize,
     pub(crate) next_addr: AtomicU64,
+}
+
+impl Core {
+    /// The copy engine, started on first use.
+    pub(crate) fn engine(&self) -> Result<&Stream> {
+        if let Some(s) = self.engine.get() {
+            return Ok(s);
+        }
+        let s = Stream::new(&format!("{}-copy-engine", self.config.name))?;
+        // If another thread won the race, its engine is used and ours stops here.
+        Ok(self.engine.get_or_init(|| s))
+    }
 }
 
 /// A test device (`backend_core::DeviceImpl`). Make one with [`TestDevice::create`]; the
@@ -53,7 +66,7 @@ pub struct TestDevice {
 impl TestDevice {
     /// A new device configured by `config` (not registered anywhere; see [`TestRegistry`]).
     ///
-    /// Fails if the alignment is not a power of two or the copy engine cannot start.
+    /// Fails if the alignment is not a power of two.
     pub fn create(config: TestDeviceConfig) -> Result<Device> {
         if !config.alignment.is_power_of_two() {
             return Err(BackendError::failed(
@@ -61,7 +74,6 @@ impl TestDevice {
                 format!("alignment {} is not a power of two", config.alignment),
             ));
         }
-        let engine = Stream::new(&format!("{}-copy-engine", config.name))?;
         let description = format!(
             "in-process test device ({} bytes, alignment {})",
             config.memory, config.alignment
@@ -69,7 +81,7 @@ impl TestDevice {
         let core = Arc::new(Core {
             config,
             bus: Arc::new(Bus::default()),
-            engine,
+            engine: OnceLock::new(),
             used: AtomicUsize::new(0),
             // A recognisable fake device address space, never a host address.
             next_addr: AtomicU64::new(0x7e57_0000_0000),

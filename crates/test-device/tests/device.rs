@@ -252,7 +252,10 @@ fn queued_errors_surface_at_synchronize_and_then_clear() {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "the globally registered device lives for the whole process")]
+#[cfg_attr(
+    miri,
+    ignore = "the globally registered device lives for the whole process"
+)]
 fn registry_and_params() {
     let dev = test_device::register().unwrap();
     assert_eq!(
