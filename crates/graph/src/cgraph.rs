@@ -41,6 +41,8 @@ pub struct Graph {
     /// Scratch for the iterative walk, kept to avoid allocating per expand.
     stack: Vec<(TensorId, u8)>,
     added: Vec<TensorId>,
+    /// Tensors given a default name by the current expand, unnamed again if it fails.
+    named: Vec<TensorId>,
 }
 
 /// A read-only window over a range of a graph's nodes (`ggml_graph_view`): what a backend
@@ -80,6 +82,7 @@ impl Graph {
             visited: Vec::new(),
             stack: Vec::new(),
             added: Vec::new(),
+            named: Vec::new(),
         }
     }
 
@@ -162,7 +165,8 @@ impl Graph {
     /// Add `t` and everything it depends on (through `src`, not `view_src`), in ggml's
     /// depth-first post-order over source slots 0..10 (`ggml_build_forward_expand`). Tensors
     /// already in the graph are skipped, so repeated calls accumulate. Unnamed tensors are named
-    /// `leaf_<i>` / `node_<i>`. On error (capacity, stale id) the graph is left as it was.
+    /// `leaf_<i>` / `node_<i>`. On error (capacity, stale id) the graph and the tensors' names
+    /// are left as they were.
     pub fn build_forward_expand(
         &mut self,
         ctx: &mut Context,
@@ -171,8 +175,14 @@ impl Graph {
         ctx.get(t)?;
         let (n0, l0) = (self.nodes.len(), self.leafs.len());
         self.added.clear();
+        self.named.clear();
         let r = self.expand(ctx, t);
         if r.is_err() {
+            for &id in &self.named {
+                if let Ok(t) = ctx.get_mut(id) {
+                    t.name = crate::tensor::TensorName::EMPTY;
+                }
+            }
             for i in 0..self.added.len() {
                 let id = self.added[i];
                 self.set_visited(id, false);
@@ -223,6 +233,7 @@ impl Graph {
             }
             if t.name.is_empty() {
                 t.name = leaf_name("leaf_", self.leafs.len());
+                self.named.push(id);
             }
             self.leafs.push(id);
         } else {
@@ -234,6 +245,7 @@ impl Graph {
             }
             if t.name.is_empty() {
                 t.name = leaf_name("node_", self.nodes.len());
+                self.named.push(id);
             }
             self.nodes.push(id);
         }
