@@ -517,6 +517,64 @@ mod tests {
         assert!(!metadata_has_target(json, "nope", "bin", "plan-inspector"));
     }
 
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = env::temp_dir().join(format!("xtask-test-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn write(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn unsafe_scan_over_a_workspace() {
+        let root = scratch_dir("unsafe");
+        write(
+            &root.join("crates/safe/Cargo.toml"),
+            "[package]\nname = \"safe\"\n",
+        );
+        write(
+            &root.join("crates/safe/src/lib.rs"),
+            "#![forbid(unsafe_code)]\n",
+        );
+        assert_eq!(crates_with_unsafe(&root), Ok(vec![]));
+        write(
+            &root.join("crates/raw/Cargo.toml"),
+            "[package]\nname = \"raw-mem\"\n",
+        );
+        write(
+            &root.join("crates/raw/src/a/b.rs"),
+            "fn f() { unsafe { g() } }\n",
+        );
+        assert_eq!(crates_with_unsafe(&root), Ok(vec!["raw-mem".to_owned()]));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn pending_snapshots_are_found() {
+        let root = scratch_dir("insta");
+        write(&root.join("crates/a/tests/snapshots/x.snap"), "");
+        let mut found = Vec::new();
+        find_pending_snapshots(&root, &[], &mut found).unwrap();
+        assert!(found.is_empty());
+        write(&root.join("crates/a/tests/snapshots/x.snap.new"), "");
+        write(&root.join("crates/a/tests/.y.pending-snap"), "");
+        write(&root.join("target/z.snap.new"), "");
+        find_pending_snapshots(&root, &[], &mut found).unwrap();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                root.join("crates/a/tests/.y.pending-snap"),
+                root.join("crates/a/tests/snapshots/x.snap.new"),
+            ]
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn real_metadata_finds_our_own_binary() {
         assert_eq!(
