@@ -3,7 +3,9 @@
 //! Why the order matters: every allocator offset and every scheduler split depends on it, so
 //! `build_forward_expand` reproduces ggml's depth-first post-order over sources in slot order
 //! exactly. The walk is iterative (an explicit stack), so graphs deeper than the thread's stack
-//! are fine, and the visited set is a bitset over tensor indices.
+//! are fine, and the visited set is a direct-address table over tensor indices that also records
+//! each tensor's generation, so a tensor made after a `Context::rewind` in a reused slot is not
+//! mistaken for the one visited before.
 
 use crate::context::Context;
 use crate::error::GraphError;
@@ -37,7 +39,8 @@ pub struct Graph {
     capacity: usize,
     nodes: Vec<TensorId>,
     leafs: Vec<TensorId>,
-    visited: Vec<u64>,
+    /// `generation + 1` of the visited tensor at each index; 0 = not visited.
+    visited: Vec<u32>,
     /// Scratch for the iterative walk, kept to avoid allocating per expand.
     stack: Vec<(TensorId, u8)>,
     added: Vec<TensorId>,
@@ -139,22 +142,17 @@ impl Graph {
     }
 
     fn is_visited(&self, id: TensorId) -> bool {
-        let i = id.index();
         self.visited
-            .get(i / 64)
-            .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+            .get(id.index())
+            .is_some_and(|&g| g == id.generation.wrapping_add(1))
     }
 
     fn set_visited(&mut self, id: TensorId, on: bool) {
         let i = id.index();
-        if self.visited.len() <= i / 64 {
-            self.visited.resize(i / 64 + 1, 0);
+        if self.visited.len() <= i {
+            self.visited.resize(i + 1, 0);
         }
-        if on {
-            self.visited[i / 64] |= 1u64 << (i % 64);
-        } else {
-            self.visited[i / 64] &= !(1u64 << (i % 64));
-        }
+        self.visited[i] = if on { id.generation.wrapping_add(1) } else { 0 };
     }
 
     /// Whether `id` was reached by an expand (`ggml_hash_contains(visited, t)`).

@@ -361,3 +361,23 @@ fn rewind_makes_step_ids_stale_and_keeps_weights() {
     ctx.rewind(here);
     assert!(ctx.contains(x2) && ctx.contains(w));
 }
+
+#[test]
+fn a_tensor_in_a_reused_slot_is_not_taken_for_the_visited_one() {
+    use graph::{Context, ElementType, Graph};
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let cp = ctx.checkpoint();
+    let a = ctx.sqr(w).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, a).unwrap();
+    assert!(g.contains(a));
+    ctx.rewind(cp);
+    let b = ctx.sqrt(w).unwrap();
+    assert_eq!(a.index(), b.index(), "the new tensor reuses the slot");
+    assert!(!g.contains(b));
+    g.clear();
+    g.build_forward_expand(&mut ctx, b).unwrap();
+    assert_eq!(g.nodes(), &[b]);
+    assert_eq!(g.leafs(), &[w]);
+}
