@@ -267,12 +267,20 @@ pub fn tensor_alloc(
             buffer.size(),
         ));
     }
-    if let Some(b) = buffer.implementation() {
-        let mut probe = t.clone();
-        probe.set_storage(Some(buffer.storage_at(offset)));
-        b.init_tensor(&probe)?;
-    }
     ctx[tensor].set_storage(Some(buffer.storage_at(offset)));
+    init_or_undo(ctx, buffer, tensor)
+}
+
+/// Run the buffer's `init_tensor` hook on a tensor whose storage was just set; on failure the
+/// storage is taken away again, so a failed placement changes nothing. (Setting first and
+/// undoing on error avoids cloning the tensor for the hook on the allocators' hot path.)
+fn init_or_undo(ctx: &mut Context, buffer: &Buffer, tensor: TensorId) -> Result<()> {
+    if let Some(b) = buffer.implementation()
+        && let Err(e) = b.init_tensor(&ctx[tensor])
+    {
+        ctx[tensor].set_storage(None);
+        return Err(e);
+    }
     Ok(())
 }
 
@@ -293,13 +301,10 @@ pub fn view_init(ctx: &mut Context, tensor: TensorId) -> Result<()> {
         buffer: rs.buffer.clone(),
         offset: rs.offset + offs,
     };
-    if let Some(buf) = Buffer::from_storage(&storage)
-        && let Some(b) = buf.implementation()
-    {
-        let mut probe = ctx[tensor].clone();
-        probe.set_storage(Some(storage.clone()));
-        b.init_tensor(&probe)?;
-    }
+    let buffer = Buffer::from_storage(&storage);
     ctx[tensor].set_storage(Some(storage));
-    Ok(())
+    match buffer {
+        Some(buf) => init_or_undo(ctx, &buf, tensor),
+        None => Ok(()),
+    }
 }
