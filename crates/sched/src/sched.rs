@@ -1178,7 +1178,6 @@ impl Scheduler {
             || match self.galloc.alloc_graph(ctx, &self.alloc_graph) {
                 Ok(()) => false,
                 Err(AllocError::NeedsReserve) => true,
-                #[allow(unreachable_patterns)]
                 Err(e) => return Err(e.into()),
             };
         if needs_reserve {
