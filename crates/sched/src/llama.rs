@@ -37,6 +37,8 @@ pub struct LlamaConfig {
     pub layer_buffers: Vec<String>,
     /// Buffer of the output norm and projection.
     pub output_buffer: String,
+    /// Buffer of each layer's KV cache (default: the layer's buffer).
+    pub cache_buffers: Option<Vec<String>>,
     /// Backends in priority order.
     pub backends: Vec<BackendSpec>,
     /// Scheduler capacity.
@@ -63,6 +65,7 @@ impl LlamaConfig {
             embd_buffer: "CPU".into(),
             layer_buffers: vec!["CPU".into(); n_layer],
             output_buffer: "CPU".into(),
+            cache_buffers: None,
             backends: vec![BackendSpec::cpu("CPU")],
             graph_size: 2048,
             parallel: false,
@@ -86,6 +89,7 @@ impl LlamaConfig {
             embd_buffer: "CPU".into(),
             layer_buffers: vec!["CPU".into(); n_layer],
             output_buffer: "CPU".into(),
+            cache_buffers: None,
             backends: vec![BackendSpec::cpu("CPU")],
             graph_size: (n_layer * 40 + 64).max(2048),
             parallel: false,
