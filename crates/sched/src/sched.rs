@@ -78,7 +78,11 @@ impl std::fmt::Display for Cause {
             Cause::ViewSrc => "1.vsrc",
             Cause::Input => "1.inp",
             Cause::Offload => "1.off",
-            Cause::Weight(i) => return write!(f, "1.wgt{i}"),
+            Cause::Weight(i) => {
+                let mut n = TensorName::EMPTY;
+                let _ = write!(n, "1.wgt{i}");
+                return f.pad(n.as_str());
+            }
             Cause::Expand => "2.sup",
             Cause::Best => "3.best",
             Cause::Upgrade => "3.upg",
