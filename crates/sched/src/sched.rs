@@ -107,6 +107,9 @@ struct Slot {
     cause: Cause,
     /// Index of this tensor's block in the copy table, or `NO_COPIES`.
     copies: u32,
+    /// The split the copies belong to: copies live only until the next split, which makes
+    /// them again in the caller's context.
+    copies_epoch: u32,
 }
 
 /// One split: a run of user-graph nodes computed on one backend, and the tensors copied in
@@ -197,6 +200,7 @@ pub struct Scheduler {
     debug: u32,
 
     epoch: u32,
+    copy_epoch: u32,
     slots: Vec<Slot>,
     copy_table: Vec<Option<TensorId>>,
 
@@ -213,6 +217,7 @@ pub struct Scheduler {
     graph_inputs: Vec<TensorId>,
     rewrites: Vec<Rewrite>,
     rewritten: bool,
+    scratch: Vec<TensorId>,
 
     callback: Option<EvalCallback>,
 }
@@ -317,6 +322,7 @@ impl Scheduler {
             strict: false,
             debug,
             epoch: 0,
+            copy_epoch: 1,
             slots: Vec::with_capacity(graph_size),
             copy_table: Vec::new(),
             node_ids: Vec::new(),
@@ -331,6 +337,7 @@ impl Scheduler {
             graph_inputs: Vec::new(),
             rewrites: Vec::new(),
             rewritten: false,
+            scratch: Vec::new(),
             callback: None,
         };
         s.reset();
@@ -452,6 +459,7 @@ impl Scheduler {
                 backend: -1,
                 cause: Cause::None,
                 copies: NO_COPIES,
+                copies_epoch: 0,
             };
         }
         s
@@ -477,7 +485,7 @@ impl Scheduler {
 
     fn get_copy(&self, t: TensorId, b: usize, c: usize) -> Option<TensorId> {
         let s = self.slot(t)?;
-        if s.copies == NO_COPIES {
+        if s.copies == NO_COPIES || s.copies_epoch != self.copy_epoch {
             return None;
         }
         let per = self.backends.len() * self.n_copies;
@@ -487,14 +495,20 @@ impl Scheduler {
     fn set_copy(&mut self, t: TensorId, b: usize, c: usize, copy: TensorId) {
         let per = self.backends.len() * self.n_copies;
         let k = self.copy_index(b, c);
+        let copy_epoch = self.copy_epoch;
         let block = {
             let s = self.slot_mut(t);
+            if s.copies_epoch != copy_epoch {
+                s.copies = NO_COPIES;
+            }
             s.copies
         };
         let block = if block == NO_COPIES {
             let nb = (self.copy_table.len() / per) as u32;
             self.copy_table.resize(self.copy_table.len() + per, None);
-            self.slot_mut(t).copies = nb;
+            let s = self.slot_mut(t);
+            s.copies = nb;
+            s.copies_epoch = copy_epoch;
             nb
         } else {
             block
@@ -739,6 +753,10 @@ impl Scheduler {
     fn split_graph_impl(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
         self.restore_rewrites(ctx);
         self.rewrites.clear();
+        // copies made by an earlier split may have been rewound away with the caller's
+        // context; every split makes its own (the seed relies on a reset in between)
+        self.copy_epoch = self.copy_epoch.wrapping_add(1).max(1);
+        self.copy_table.clear();
         self.n_splits = 0;
         self.graph_inputs.clear();
         self.is_reset = false;
@@ -762,18 +780,22 @@ impl Scheduler {
         }
 
         // pass 2: expand non-CPU backends down and up, then every backend down and up
+        let mut compute_nodes = std::mem::take(&mut self.scratch);
+        compute_nodes.clear();
+        for &n in nodes {
+            if !ctx.get(n)?.op().is_view_op() {
+                compute_nodes.push(n);
+            }
+        }
         for only_gpu in [true, false] {
             for up in [false, true] {
                 let mut cur: i32 = -1;
-                for k in 0..nodes.len() {
+                for k in 0..compute_nodes.len() {
                     let node = if up {
-                        nodes[nodes.len() - 1 - k]
+                        compute_nodes[compute_nodes.len() - 1 - k]
                     } else {
-                        nodes[k]
+                        compute_nodes[k]
                     };
-                    if Self::is_view_op(ctx, node) {
-                        continue;
-                    }
                     let b = self.bid(node);
                     if b != -1 {
                         cur = if only_gpu && b == n_b - 1 { -1 } else { b };
@@ -786,11 +808,8 @@ impl Scheduler {
 
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
-        for &node in nodes {
+        for &node in &compute_nodes {
             let t = ctx.get(node)?;
-            if t.op().is_view_op() {
-                continue;
-            }
             let srcs = *t.srcs();
             let b = self.bid(node);
             if b == -1 {
@@ -830,6 +849,7 @@ impl Scheduler {
                 }
             }
         }
+        self.scratch = compute_nodes;
 
         // pass 4: sources and views without a backend follow their root or their consumer
         for &node in nodes {
@@ -989,10 +1009,8 @@ impl Scheduler {
             for (j, s) in srcs.iter().enumerate() {
                 let Some(src) = *s else { continue };
                 let sb = self.bid(src);
-                let sflags = ctx.get(src)?.flags();
-
-                if sflags.contains(TensorFlags::INPUT)
-                    && self.n_copies > 1
+                if self.n_copies > 1
+                    && ctx.get(src)?.flags().contains(TensorFlags::INPUT)
                     && sb >= 0
                     && self.get_copy(src, sb as usize, 0).is_none()
                 {

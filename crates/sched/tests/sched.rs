@@ -77,8 +77,8 @@ fn reserve_then_alloc_on_one_graph_gives_the_fresh_plan_and_leaves_the_graph_int
     let plan = Plan::from_scheduler(&s, &b.ctx, &b.graph);
     assert_eq!(plan, fresh);
     // the reserved sizes were enough: no growth on alloc
-    for i in 0..2 {
-        assert_eq!(s.buffer_size(i).unwrap(), reserved[i]);
+    for (i, &r) in reserved.iter().enumerate() {
+        assert_eq!(s.buffer_size(i).unwrap(), r);
     }
     // the plan has inputs, so there were rewrites to restore
     assert!(plan.splits.iter().any(|sp| !sp.inputs.is_empty()));
@@ -100,11 +100,11 @@ fn steady_state_reset_and_alloc_repeat_the_plan() {
         b.ctx.rewind(cp);
         // a fresh graph has no compute memory: clear what alloc_graph placed
         for &n in b.graph.nodes() {
-            if !b.ctx[n].is_view() {
-                b.ctx[n].set_storage(None);
-            } else if b.ctx[b.ctx[n].view_src().unwrap()].storage().is_none()
-                || b.graph.nodes().contains(&b.ctx[n].view_src().unwrap())
-            {
+            let is_view = b.ctx[n].is_view();
+            let root_in_graph = b.ctx[n]
+                .view_src()
+                .is_some_and(|r| b.ctx[r].storage().is_none() || b.graph.nodes().contains(&r));
+            if !is_view || root_in_graph {
                 b.ctx[n].set_storage(None);
             }
         }
