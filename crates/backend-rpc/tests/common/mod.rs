@@ -119,7 +119,9 @@ pub fn hex(dump: &str) -> Vec<u8> {
     out
 }
 
-/// The server the fuzz tests drive.
+/// The server the fuzz tests drive: the real CPU device (host memory reached through raw
+/// pointers), so a validation gap would show up as a crash or a Miri/ASan finding.
 pub fn fuzz_server(config: ServerConfig) -> Arc<Server> {
-    mem_server(config)
+    let dev = backend_cpu::cpu_device();
+    Server::new(dev, Arc::new(backend_cpu::init), config)
 }
