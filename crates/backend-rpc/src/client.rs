@@ -271,17 +271,13 @@ impl Conn {
                 if p.len() <= INLINE_PART {
                     head.extend_from_slice(p);
                 } else {
-                    stream
-                        .write_all(&head)
-                        .map_err(|e| self.io_error(cmd, e))?;
+                    stream.write_all(&head).map_err(|e| self.io_error(cmd, e))?;
                     head.clear();
                     stream.write_all(p).map_err(|e| self.io_error(cmd, e))?;
                 }
             }
             if !head.is_empty() {
-                stream
-                    .write_all(&head)
-                    .map_err(|e| self.io_error(cmd, e))?;
+                stream.write_all(&head).map_err(|e| self.io_error(cmd, e))?;
             }
             let Some(resp) = resp else {
                 self.pending.store(true, Ordering::Relaxed);
@@ -458,7 +454,8 @@ impl RpcDeviceImpl {
 /// Whether `t` can travel as an `rpc_tensor` (op, type and sizes).
 fn wire_check(t: &Tensor, id: Option<TensorId>) -> Result<(u32, [i32; 16]), RpcError> {
     let bad = |why: String| RpcError::Unsendable { tensor: id, why };
-    let (op, sub) = op_to_wire(t.op()).ok_or_else(|| bad(format!("op {} has no number in protocol 7.0.0", t.op())))?;
+    let (op, sub) = op_to_wire(t.op())
+        .ok_or_else(|| bad(format!("op {} has no number in protocol 7.0.0", t.op())))?;
     for d in 0..4 {
         if t.ne()[d] < 0 || t.ne()[d] > i64::from(u32::MAX) {
             return Err(bad(format!("ne[{d}] = {} does not fit 32 bits", t.ne()[d])));
@@ -511,10 +508,11 @@ impl DeviceImpl for RpcDeviceImpl {
     }
     fn memory(&self) -> (usize, usize) {
         let mut r = [0u8; 16];
-        match self
-            .conn
-            .call(Command::GetDeviceMemory, &[&self.index.to_le_bytes()], &mut r)
-        {
+        match self.conn.call(
+            Command::GetDeviceMemory,
+            &[&self.index.to_le_bytes()],
+            &mut r,
+        ) {
             Ok(()) => {
                 let free = u64::from_le_bytes(r[..8].try_into().unwrap_or_default());
                 let total = u64::from_le_bytes(r[8..].try_into().unwrap_or_default());
@@ -605,7 +603,10 @@ impl BufferTypeImpl for RpcBufferType {
             .call_u64(Command::BufferGetBase, &[&handle.to_le_bytes()])
             .map_err(|e| e.to_backend(&self.name))?;
         if buf.base.checked_add(remote_size).is_none() {
-            return Err(BackendError::failed(&self.name, "server returned a buffer base that overflows"));
+            return Err(BackendError::failed(
+                &self.name,
+                "server returned a buffer base that overflows",
+            ));
         }
         Ok(Box::new(buf))
     }
@@ -631,7 +632,9 @@ impl BufferTypeImpl for RpcBufferType {
             RpcTensor::default().encode(&mut payload);
         }
         match self.conn.call_u64(Command::GetAllocSize, &[&payload]) {
-            Ok(n) => usize::try_from(n).unwrap_or(usize::MAX).max(tensor.nbytes()),
+            Ok(n) => usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .max(tensor.nbytes()),
             Err(e) => {
                 tracing::warn!(buffer_type = %self.name, error = %e, "GET_ALLOC_SIZE failed");
                 tensor.nbytes()

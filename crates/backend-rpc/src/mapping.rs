@@ -63,7 +63,9 @@ pub fn op_to_wire(op: Op) -> Option<(u32, Option<i32>)> {
     if let Op::Unary(u) = op {
         return unary_to_wire(u).map(|id| (WIRE_OP_UNARY, Some(id)));
     }
-    OPS.iter().find(|(o, _)| *o == op).map(|&(_, id)| (id, None))
+    OPS.iter()
+        .find(|(o, _)| *o == op)
+        .map(|&(_, id)| (id, None))
 }
 
 /// Our op for wire op `id` with `op_params[0] = param0` (needed for UNARY).

@@ -33,8 +33,8 @@ use graph::{Context, ElementType, GraphError, GraphView, Op, RopeParams, TensorF
 
 use crate::mapping::{op_from_wire, type_from_wire};
 use crate::wire::{
-    CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH,
-    Reader, RpcTensor, SET_TENSOR_FIXED, WireError,
+    CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, Reader,
+    RpcTensor, SET_TENSOR_FIXED, WireError,
 };
 
 /// Limits and settings of a server.
@@ -493,8 +493,7 @@ impl Session {
             }
             Command::GetMaxSize => {
                 self.device(r.u32()?)?;
-                let m = (self.server.device.buffer_type().max_size() as u64)
-                    .min(self.max_buffer());
+                let m = (self.server.device.buffer_type().max_size() as u64).min(self.max_buffer());
                 Some(m.to_le_bytes().to_vec())
             }
             Command::GetDeviceMemory => {
@@ -519,7 +518,10 @@ impl Session {
             }
             Command::FreeBuffer => {
                 let h = r.u64()?;
-                let b = self.buffers.remove(&h).ok_or(ServerError::UnknownBuffer(h))?;
+                let b = self
+                    .buffers
+                    .remove(&h)
+                    .ok_or(ServerError::UnknownBuffer(h))?;
                 self.allocated -= b.size;
                 // ggml drops its stored graph on any free; so do we (it may point into b).
                 self.stored = None;
@@ -614,8 +616,8 @@ impl Session {
                 let leaf = ctx
                     .new_tensor(ty, &ne)
                     .map_err(|e| bad_tensor(t.id, e.to_string()))?;
-                let size = (self.server.device.buffer_type().alloc_size(&ctx[leaf]) as u64)
-                    .max(nbytes);
+                let size =
+                    (self.server.device.buffer_type().alloc_size(&ctx[leaf]) as u64).max(nbytes);
                 Some(size.to_le_bytes().to_vec())
             }
             Command::GraphCompute => {
@@ -646,7 +648,10 @@ impl Session {
     }
 
     fn max_buffer(&self) -> u64 {
-        self.server.config.max_buffer_size.min((1 << BASE_SHIFT) - 1)
+        self.server
+            .config
+            .max_buffer_size
+            .min((1 << BASE_SHIFT) - 1)
     }
 
     fn device(&self, d: u32) -> Result<(), ServerError> {
@@ -674,12 +679,7 @@ impl Session {
             tracing::warn!(size, "refusing allocation over the limits");
             return (0, 0);
         }
-        let buffer = match self
-            .server
-            .device
-            .buffer_type()
-            .alloc_buffer(size as usize)
-        {
+        let buffer = match self.server.device.buffer_type().alloc_buffer(size as usize) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(size, error = %e, "allocation failed");
@@ -855,7 +855,8 @@ impl Session {
             Op::Reshape => ctx.reshape(need(0)?, &ne).map_err(ge)?,
             Op::View => {
                 let nb = w.nb.map(|v| v as usize);
-                let offs = usize::try_from(p.u64(0)).map_err(|_| bad_tensor(w.id, "view offset"))?;
+                let offs =
+                    usize::try_from(p.u64(0)).map_err(|_| bad_tensor(w.id, "view offset"))?;
                 ctx.view(need(0)?, &ne, Some(nb), offs).map_err(ge)?
             }
             Op::Permute => ctx
@@ -875,7 +876,10 @@ impl Session {
             Op::Rope => {
                 let mode = p.i32(2);
                 if mode != graph::rope_mode::NORMAL && mode != graph::rope_mode::NEOX {
-                    return Err(bad_tensor(w.id, format!("rope mode {mode} is not supported")));
+                    return Err(bad_tensor(
+                        w.id,
+                        format!("rope mode {mode} is not supported"),
+                    ));
                 }
                 let rp = RopeParams {
                     n_ctx_orig: p.i32(4),
@@ -949,7 +953,10 @@ fn check_layout(t: &RpcTensor) -> Result<(ElementType, u64), ServerError> {
     let ty = type_from_wire(t.ty)
         .ok_or_else(|| bad_tensor(t.id, format!("type {} is not supported", t.ty)))?;
     if u64::from(t.ne[0]) % ty.block_size() as u64 != 0 {
-        return Err(bad_tensor(t.id, "ne[0] is not a multiple of the block size"));
+        return Err(bad_tensor(
+            t.id,
+            "ne[0] is not a multiple of the block size",
+        ));
     }
     let n = wire_nbytes(ty, t.ne, t.nb).ok_or_else(|| bad_tensor(t.id, "size overflows"))?;
     Ok((ty, n))
@@ -967,8 +974,9 @@ fn byte_window(buf: &Buffer, pos: usize, len: usize) -> Result<(Context, TensorI
 }
 
 fn buffer_impl(buf: &Buffer) -> Result<&dyn backend_core::BufferImpl, ServerError> {
-    buf.implementation()
-        .ok_or(ServerError::OutOfBounds { what: "empty buffer" })
+    buf.implementation().ok_or(ServerError::OutOfBounds {
+        what: "empty buffer",
+    })
 }
 
 fn write_bytes(buf: &Buffer, pos: usize, data: &[u8]) -> Result<(), ServerError> {
@@ -1019,7 +1027,10 @@ mod tests {
             wire_nbytes(ElementType::Q4_0, [64, 3, 1, 1], [18, 36, 108, 108]),
             Some(108)
         );
-        assert_eq!(wire_nbytes(ElementType::F32, [0, 3, 1, 1], [4, 0, 0, 0]), Some(0));
+        assert_eq!(
+            wire_nbytes(ElementType::F32, [0, 3, 1, 1], [4, 0, 0, 0]),
+            Some(0)
+        );
         // 4 × (2^32-1)^2 overflows u64.
         assert_eq!(
             wire_nbytes(ElementType::F32, [u32::MAX; 4], [u32::MAX; 4]),

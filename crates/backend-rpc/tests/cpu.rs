@@ -3,6 +3,7 @@
 //!
 //! Both tests skip themselves (with a message) while the CPU backend cannot compute MUL_MAT,
 //! i.e. until the CPU kernels are merged.
+#![allow(clippy::print_stderr)] // a skipped test says so on stderr
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -22,7 +23,8 @@ fn cfg() -> RpcConfig {
 fn values(n: usize, seed: u32) -> Vec<u8> {
     (0..n)
         .flat_map(|i| {
-            let x = ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0;
+            let x =
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0;
             (x - 0.5).to_le_bytes()
         })
         .collect()
@@ -86,7 +88,7 @@ fn run(backend: &Backend, buft: &BufferType) -> Vec<u8> {
 fn cpu_server(config: ServerConfig) -> Arc<Server> {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let dev = backend_cpu::cpu_device();
-    Server::new(dev, Arc::new(|| backend_cpu::init()), config)
+    Server::new(dev, Arc::new(backend_cpu::init), config)
 }
 
 /// Whether the local CPU backend computes the ops these tests use.
@@ -97,7 +99,9 @@ fn cpu_computes() -> bool {
         .ids()
         .all(|id| backend_cpu::cpu_device().supports_op(&ctx, id));
     if !ok {
-        eprintln!("skipped: the CPU backend does not compute these ops yet (cpu-kernels not merged)");
+        eprintln!(
+            "skipped: the CPU backend does not compute these ops yet (cpu-kernels not merged)"
+        );
     }
     let _ = out;
     ok
@@ -108,10 +112,15 @@ fn remote_graph_equals_local_cpu_bit_for_bit() {
     if !cpu_computes() {
         return;
     }
-    let h = cpu_server(ServerConfig::default()).spawn("127.0.0.1:0").unwrap();
+    let h = cpu_server(ServerConfig::default())
+        .spawn("127.0.0.1:0")
+        .unwrap();
     let dev = connect(&h.endpoint(), &cfg()).unwrap().remove(0);
     let remote = run(&dev.init_backend("").unwrap(), &dev.buffer_type());
-    let local = run(&backend_cpu::init().unwrap(), &backend_cpu::cpu_buffer_type());
+    let local = run(
+        &backend_cpu::init().unwrap(),
+        &backend_cpu::cpu_buffer_type(),
+    );
     assert_eq!(remote.len(), 16 * 32 * 4);
     assert_eq!(remote, local);
     assert!(remote.iter().any(|&b| b != 0));
@@ -129,7 +138,14 @@ fn server_killed_mid_graph_is_a_prompt_error() {
         .port();
     let endpoint = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--threads", "1"])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--threads",
+            "1",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -137,7 +153,10 @@ fn server_killed_mid_graph_is_a_prompt_error() {
     // Ready when the port accepts.
     let t0 = Instant::now();
     while std::net::TcpStream::connect(&endpoint).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "server did not start");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "server did not start"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let dev = connect(&endpoint, &cfg()).unwrap().remove(0);
@@ -174,6 +193,9 @@ fn server_killed_mid_graph_is_a_prompt_error() {
         done.saturating_duration_since(killed_at)
     );
     // Other backends are unaffected.
-    let r = run(&backend_cpu::init().unwrap(), &backend_cpu::cpu_buffer_type());
+    let r = run(
+        &backend_cpu::init().unwrap(),
+        &backend_cpu::cpu_buffer_type(),
+    );
     assert_eq!(r.len(), 16 * 32 * 4);
 }

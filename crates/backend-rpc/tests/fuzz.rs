@@ -100,7 +100,10 @@ fn templates() -> Vec<(u8, Vec<u8>)> {
     v.push((Command::GetAlignment as u8, 0u32.to_le_bytes().to_vec()));
     v.push((Command::GetMaxSize as u8, 0u32.to_le_bytes().to_vec()));
     v.push((Command::DeviceCount as u8, Vec::new()));
-    v.push((Command::BufferClear as u8, [1u8, 0, 0, 0, 0, 0, 0, 0, 7].to_vec()));
+    v.push((
+        Command::BufferClear as u8,
+        [1u8, 0, 0, 0, 0, 0, 0, 0, 7].to_vec(),
+    ));
     v.push((Command::FreeBuffer as u8, 1u64.to_le_bytes().to_vec()));
     v
 }
@@ -129,7 +132,11 @@ const INTERESTING: [u64; 10] = [
 fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
         (any::<usize>(), 1u8..=255).prop_map(|(at, xor)| Mutation::Flip { at, xor }),
-        (any::<usize>(), prop::sample::select(&INTERESTING[..]), prop_oneof![Just(4u8), Just(8u8)])
+        (
+            any::<usize>(),
+            prop::sample::select(&INTERESTING[..]),
+            prop_oneof![Just(4u8), Just(8u8)]
+        )
             .prop_map(|(at, value, width)| Mutation::Word { at, value, width }),
         any::<usize>().prop_map(Mutation::Truncate),
         prop::collection::vec(any::<u8>(), 0..16).prop_map(Mutation::Extend),
@@ -139,7 +146,11 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 #[derive(Debug, Clone)]
 enum Msg {
     /// Template `i` with mutations; `cmd_override` replaces the command byte.
-    Mutated { i: usize, muts: Vec<Mutation>, cmd_override: Option<u8> },
+    Mutated {
+        i: usize,
+        muts: Vec<Mutation>,
+        cmd_override: Option<u8>,
+    },
     /// Arbitrary bytes under an arbitrary command.
     Random { cmd: u8, payload: Vec<u8> },
 }

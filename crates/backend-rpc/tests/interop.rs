@@ -1,5 +1,6 @@
 //! Our client against a real ggml `rpc-server` (protocol 7.0.0) built from the PyPI sdist by
 //! `.ci/rpc-server-build.sh`. Skipped, with a message, when `RPC_SERVER_BIN` is not set.
+#![allow(clippy::print_stderr)] // a skipped test says so on stderr
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,10 +19,16 @@ impl Drop for Real {
 
 fn start() -> Option<Real> {
     let Ok(bin) = std::env::var("RPC_SERVER_BIN") else {
-        eprintln!("skipped: set RPC_SERVER_BIN (see .ci/rpc-server-build.sh) to run the interop tests");
+        eprintln!(
+            "skipped: set RPC_SERVER_BIN (see .ci/rpc-server-build.sh) to run the interop tests"
+        );
         return None;
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new(bin)
         .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
         .stdout(Stdio::null())
@@ -33,7 +40,10 @@ fn start() -> Option<Real> {
     // Poll with connect; ggml's server serves one client at a time and a probe is a client,
     // so wait for the probe's disconnect to be processed.
     while std::net::TcpStream::connect(&ep).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "rpc-server did not start");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "rpc-server did not start"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(100));
@@ -44,13 +54,18 @@ fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 fn from_f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 #[test]
 fn real_server_buffers_and_graphs() {
     let Some(server) = start() else { return };
-    let cfg = RpcConfig { io_timeout: Some(Duration::from_secs(30)), ..RpcConfig::default() };
+    let cfg = RpcConfig {
+        io_timeout: Some(Duration::from_secs(30)),
+        ..RpcConfig::default()
+    };
     let dev = connect(&server.1, &cfg).unwrap().remove(0);
     let (free, total) = dev.memory();
     assert!(total > 0 && free <= total);
@@ -60,14 +75,22 @@ fn real_server_buffers_and_graphs() {
 
     let (m, k, n) = (8usize, 16usize, 4usize);
     let mut ctx = Context::new();
-    let a = ctx.new_tensor_2d(ElementType::F32, k as i64, m as i64).unwrap();
-    let b = ctx.new_tensor_2d(ElementType::F32, k as i64, n as i64).unwrap();
+    let a = ctx
+        .new_tensor_2d(ElementType::F32, k as i64, m as i64)
+        .unwrap();
+    let b = ctx
+        .new_tensor_2d(ElementType::F32, k as i64, n as i64)
+        .unwrap();
     let mm = ctx.mul_mat(a, b).unwrap(); // m x n
-    let c = ctx.new_tensor_2d(ElementType::F32, m as i64, n as i64).unwrap();
+    let c = ctx
+        .new_tensor_2d(ElementType::F32, m as i64, n as i64)
+        .unwrap();
     let s = ctx.add(mm, c).unwrap();
     let r = ctx.unary(s, UnaryOp::Relu).unwrap();
     let sc = ctx.scale(r, 0.5).unwrap();
-    let cp = ctx.new_tensor_2d(ElementType::F32, m as i64, n as i64).unwrap();
+    let cp = ctx
+        .new_tensor_2d(ElementType::F32, m as i64, n as i64)
+        .unwrap();
     ctx.set_output(sc).unwrap();
     let buf = buft.alloc_buffer(8192).unwrap();
     for (i, t) in [a, b, mm, c, s, r, sc, cp].into_iter().enumerate() {
@@ -94,7 +117,10 @@ fn real_server_buffers_and_graphs() {
         for i in 0..m {
             let dot: f32 = (0..k).map(|l| av[i * k + l] * bv[j * k + l]).sum();
             let want = 0.5 * (dot + cv[j * m + i]).max(0.0);
-            assert!((got[j * m + i] - want).abs() <= 1e-5 * want.abs().max(1.0), "{i},{j}");
+            assert!(
+                (got[j * m + i] - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{i},{j}"
+            );
         }
     }
     // Server-side copy, memset, clear.

@@ -21,7 +21,9 @@ fn cfg() -> RpcConfig {
 }
 
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[test]
@@ -111,7 +113,11 @@ fn several_clients_at_once_and_bad_clients_are_isolated() {
     raw.write_all(&msg).unwrap();
     let mut rest = Vec::new();
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    assert_eq!(raw.read_to_end(&mut rest).unwrap_or(0), 0, "server closes on bad input");
+    assert_eq!(
+        raw.read_to_end(&mut rest).unwrap_or(0),
+        0,
+        "server closes on bad input"
+    );
 
     let mut ctxs = Vec::new();
     let mut bufs = Vec::new();
@@ -195,11 +201,17 @@ fn a_silent_server_times_out() {
 
 #[test]
 fn unreachable_and_malformed_endpoints() {
-    assert!(matches!(connect("nohostport", &cfg()), Err(RpcError::BadEndpoint { .. })));
+    assert!(matches!(
+        connect("nohostport", &cfg()),
+        Err(RpcError::BadEndpoint { .. })
+    ));
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = l.local_addr().unwrap().to_string();
     drop(l);
-    assert!(matches!(connect(&ep, &cfg()), Err(RpcError::Connect { .. })));
+    assert!(matches!(
+        connect(&ep, &cfg()),
+        Err(RpcError::Connect { .. })
+    ));
 }
 
 #[test]
@@ -245,7 +257,9 @@ fn a_refused_graph_surfaces_at_synchronize() {
 }
 
 /// Records every request (command, payload) and answers like the capture of vector B.
-fn recording_server(log: Arc<Mutex<Vec<(u8, Vec<u8>)>>>) -> String {
+type Log = Arc<Mutex<Vec<(u8, Vec<u8>)>>>;
+
+fn recording_server(log: Log) -> String {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = l.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
@@ -264,9 +278,9 @@ fn recording_server(log: Arc<Mutex<Vec<(u8, Vec<u8>)>>>) -> String {
                 Command::GetAlignment => Some(32u64.to_le_bytes().to_vec()),
                 Command::GetMaxSize => Some(u64::MAX.to_le_bytes().to_vec()),
                 Command::GetAllocSize => Some(16384u64.to_le_bytes().to_vec()),
-                Command::AllocBuffer => Some(
-                    [0x5566_86fd_0760u64.to_le_bytes(), 114688u64.to_le_bytes()].concat(),
-                ),
+                Command::AllocBuffer => {
+                    Some([0x5566_86fd_0760u64.to_le_bytes(), 114688u64.to_le_bytes()].concat())
+                }
                 Command::BufferGetBase => Some(0x5566_86fe_cf80u64.to_le_bytes().to_vec()),
                 Command::GetTensor => {
                     let size = u64::from_le_bytes(p[304..312].try_into().unwrap());
@@ -297,7 +311,12 @@ fn graph_serialization_matches_ggml_client_vector_b() {
         ctx.set_name(t, name).unwrap();
         t
     };
-    let (a, b, c, d) = (mk(&mut ctx, "a"), mk(&mut ctx, "b"), mk(&mut ctx, "c"), mk(&mut ctx, "d"));
+    let (a, b, c, d) = (
+        mk(&mut ctx, "a"),
+        mk(&mut ctx, "b"),
+        mk(&mut ctx, "c"),
+        mk(&mut ctx, "d"),
+    );
     let mm = ctx.mul_mat(a, b).unwrap();
     ctx.set_name(mm, "mm").unwrap();
     let cd = ctx.mul(c, d).unwrap();
@@ -313,7 +332,10 @@ fn graph_serialization_matches_ggml_client_vector_b() {
     g.build_forward_expand(&mut ctx, out).unwrap();
     backend.graph_compute(&ctx, g.as_view()).unwrap();
     let log = log.lock().unwrap();
-    let (cmd, payload) = log.iter().find(|(c, _)| *c == Command::GraphCompute as u8).unwrap();
+    let (cmd, payload) = log
+        .iter()
+        .find(|(c, _)| *c == Command::GraphCompute as u8)
+        .unwrap();
     assert_eq!(*cmd, 10);
     assert_eq!(payload.len(), 2108);
     let msg = GraphMessage::decode(payload, 100, 100).unwrap();
@@ -321,7 +343,8 @@ fn graph_serialization_matches_ggml_client_vector_b() {
     let id = |t: graph::TensorId| t.index() as u64 + 1;
     assert_eq!(msg.nodes, vec![id(mm), id(cd), id(out)]);
     // name, op, flags, use_count, srcs, data offset — vector B's values.
-    let expect: [(&str, u32, i32, i32, [u64; 2], u64); 7] = [
+    type Row<'a> = (&'a str, u32, i32, i32, [u64; 2], u64);
+    let expect: [Row<'_>; 7] = [
         ("a", 0, 0, 1, [0, 0], 0),
         ("b", 0, 0, 1, [0, 0], 16384),
         ("mm", 29, 16, 1, [id(a), id(b)], 65536),

@@ -3,9 +3,9 @@
 
 mod common;
 
+use backend_rpc::ServerConfig;
 use backend_rpc::mapping::{op_from_wire, op_to_wire, type_from_wire, unary_to_wire};
 use backend_rpc::wire::{Command, GraphMessage, RpcTensor, put_header};
-use backend_rpc::ServerConfig;
 use common::hex;
 use graph::{ElementType, Op, UnaryOp};
 
@@ -264,14 +264,49 @@ EXPM1 SOFTPLUS GELU_ERF XIELU FLOOR CEIL ROUND TRUNC";
 
 /// §4.2: type names 0..=42 ("-" for removed ids) with block size and bytes per block.
 const TYPES: &[(&str, usize, usize)] = &[
-    ("f32", 1, 4), ("f16", 1, 2), ("q4_0", 32, 18), ("q4_1", 32, 20), ("-", 0, 0), ("-", 0, 0),
-    ("q5_0", 32, 22), ("q5_1", 32, 24), ("q8_0", 32, 34), ("q8_1", 32, 36), ("q2_K", 256, 84),
-    ("q3_K", 256, 110), ("q4_K", 256, 144), ("q5_K", 256, 176), ("q6_K", 256, 210), ("q8_K", 256, 292),
-    ("iq2_xxs", 256, 66), ("iq2_xs", 256, 74), ("iq3_xxs", 256, 98), ("iq1_s", 256, 50), ("iq4_nl", 32, 18),
-    ("iq3_s", 256, 110), ("iq2_s", 256, 82), ("iq4_xs", 256, 136), ("i8", 1, 1), ("i16", 1, 2), ("i32", 1, 4),
-    ("i64", 1, 8), ("f64", 1, 8), ("iq1_m", 256, 56), ("bf16", 1, 2), ("-", 0, 0), ("-", 0, 0), ("-", 0, 0),
-    ("tq1_0", 256, 54), ("tq2_0", 256, 66), ("-", 0, 0), ("-", 0, 0), ("-", 0, 0), ("mxfp4", 32, 17),
-    ("nvfp4", 64, 36), ("q1_0", 128, 18), ("q2_0", 64, 18),
+    ("f32", 1, 4),
+    ("f16", 1, 2),
+    ("q4_0", 32, 18),
+    ("q4_1", 32, 20),
+    ("-", 0, 0),
+    ("-", 0, 0),
+    ("q5_0", 32, 22),
+    ("q5_1", 32, 24),
+    ("q8_0", 32, 34),
+    ("q8_1", 32, 36),
+    ("q2_K", 256, 84),
+    ("q3_K", 256, 110),
+    ("q4_K", 256, 144),
+    ("q5_K", 256, 176),
+    ("q6_K", 256, 210),
+    ("q8_K", 256, 292),
+    ("iq2_xxs", 256, 66),
+    ("iq2_xs", 256, 74),
+    ("iq3_xxs", 256, 98),
+    ("iq1_s", 256, 50),
+    ("iq4_nl", 32, 18),
+    ("iq3_s", 256, 110),
+    ("iq2_s", 256, 82),
+    ("iq4_xs", 256, 136),
+    ("i8", 1, 1),
+    ("i16", 1, 2),
+    ("i32", 1, 4),
+    ("i64", 1, 8),
+    ("f64", 1, 8),
+    ("iq1_m", 256, 56),
+    ("bf16", 1, 2),
+    ("-", 0, 0),
+    ("-", 0, 0),
+    ("-", 0, 0),
+    ("tq1_0", 256, 54),
+    ("tq2_0", 256, 66),
+    ("-", 0, 0),
+    ("-", 0, 0),
+    ("-", 0, 0),
+    ("mxfp4", 32, 17),
+    ("nvfp4", 64, 36),
+    ("q1_0", 128, 18),
+    ("q2_0", 64, 18),
 ];
 
 #[test]
@@ -316,7 +351,9 @@ fn type_table_matches_protocol_7() {
                 assert_eq!(backend_rpc::mapping::type_to_wire(ty), id as u32);
             }
             None => assert!(
-                name == "-" || name.starts_with("iq") || ["tq1_0", "tq2_0", "mxfp4", "nvfp4", "q1_0", "q2_0"].contains(&name),
+                name == "-"
+                    || name.starts_with("iq")
+                    || ["tq1_0", "tq2_0", "mxfp4", "nvfp4", "q1_0", "q2_0"].contains(&name),
                 "{name} should be mappable"
             ),
         }

@@ -15,7 +15,12 @@ use parking_lot::Mutex;
 struct MemBuffer(Mutex<Vec<u8>>);
 
 impl MemBuffer {
-    fn range(&self, t: &Tensor, offset: usize, len: usize) -> Result<std::ops::Range<usize>, BackendError> {
+    fn range(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        len: usize,
+    ) -> Result<std::ops::Range<usize>, BackendError> {
         let start = t.storage().map_or(0, |s| s.offset) + offset;
         let n = self.0.lock().len();
         if start + len > n {
@@ -26,7 +31,13 @@ impl MemBuffer {
 }
 
 impl BufferImpl for MemBuffer {
-    fn memset_tensor(&self, t: &Tensor, v: u8, off: usize, size: usize) -> backend_core::Result<()> {
+    fn memset_tensor(
+        &self,
+        t: &Tensor,
+        v: u8,
+        off: usize,
+        size: usize,
+    ) -> backend_core::Result<()> {
         let r = self.range(t, off, size)?;
         self.0.lock()[r].fill(v);
         Ok(())
