@@ -21,6 +21,8 @@ mod config;
 mod error;
 mod locate;
 mod model;
+#[cfg(feature = "candle")]
+pub mod reference;
 mod tokenize;
 mod weights;
 
