@@ -376,6 +376,8 @@ impl Context {
             }
             if tm.ne[0] != ta.ne[0]
                 || tm.ne[1] < ta.ne[1]
+                || tm.ne[2] == 0
+                || tm.ne[3] == 0
                 || ta.ne[2] % tm.ne[2] != 0
                 || ta.ne[3] % tm.ne[3] != 0
             {

@@ -198,7 +198,7 @@ impl fmt::Debug for TensorStorage {
 
 /// A tensor's metadata (`struct ggml_tensor` without the data pointer).
 ///
-/// Read it through [`crate::Context::tensor`] or `ctx[id]`; create it with the constructors on
+/// Read it through [`crate::Context::get`] or `ctx[id]`; create it with the constructors on
 /// [`crate::Context`].
 ///
 /// ```
