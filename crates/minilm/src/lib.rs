@@ -18,6 +18,7 @@
 
 mod bert;
 mod config;
+mod engine;
 mod error;
 mod locate;
 mod model;
@@ -28,6 +29,7 @@ mod weights;
 
 pub use bert::{BertGraph, GraphInputs, build_graph, cosine, graph_capacity, l2_normalize};
 pub use config::{BertConfig, PoolingConfig, SentenceConfig};
+pub use engine::{Embedder, EmbedderOptions, OpProfile};
 pub use error::{INSTALL_HINT, MinilmError, Result};
 pub use locate::{MODEL_DIR_ENV, PYTHON_PACKAGE, REQUIRED_FILES, find_model_dir, is_model_dir};
 pub use model::{BertWeights, LayerWeights};
