@@ -13,7 +13,8 @@ fn le<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "maps files and runs python")]
+#[ignore = "naive loops take a minute or more in a debug build; run with --ignored to tell \
+            graph-builder bugs from backend bugs"]
 fn naive_evaluation_of_our_graph_matches_candle() {
     let Some(dir) = common::model_dir() else {
         return;
