@@ -141,7 +141,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let dim = embeddings.first().map_or(0, Vec::len);
-    writeln!(out, "## embeddings ({dim} dimensions, unit length; first 6 shown)")?;
+    writeln!(
+        out,
+        "## embeddings ({dim} dimensions, unit length; first 6 shown)"
+    )?;
     for (i, (s, e)) in args.sentences.iter().zip(&embeddings).enumerate() {
         let head: Vec<String> = e.iter().take(6).map(|x| format!("{x:+.4}")).collect();
         writeln!(out, "[{i}] [{}, …]  {s}", head.join(", "))?;

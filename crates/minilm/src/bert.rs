@@ -121,7 +121,13 @@ fn layer_norm(
 }
 
 /// `w · x + b`.
-fn linear(ctx: &mut Context, x: TensorId, w: TensorId, b: TensorId, name: &str) -> Result<TensorId> {
+fn linear(
+    ctx: &mut Context,
+    x: TensorId,
+    w: TensorId,
+    b: TensorId,
+    name: &str,
+) -> Result<TensorId> {
     let y = ctx.mul_mat(w, x)?;
     let y = ctx.add(y, b)?;
     named(ctx, y, name)
@@ -231,7 +237,11 @@ pub fn build_graph(
 /// ```
 pub fn l2_normalize(v: &mut [f32], dim: usize) {
     for row in v.chunks_mut(dim.max(1)) {
-        let n = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+        let n = row
+            .iter()
+            .map(|&x| f64::from(x) * f64::from(x))
+            .sum::<f64>()
+            .sqrt();
         let s = 1.0 / n.max(1e-12);
         for x in row {
             *x = (f64::from(*x) * s) as f32;

@@ -57,10 +57,11 @@ impl BertConfig {
             path: path.to_owned(),
             source,
         })?;
-        let cfg: BertConfig = serde_json::from_str(&text).map_err(|source| MinilmError::Config {
-            path: path.to_owned(),
-            source,
-        })?;
+        let cfg: BertConfig =
+            serde_json::from_str(&text).map_err(|source| MinilmError::Config {
+                path: path.to_owned(),
+                source,
+            })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -134,10 +135,11 @@ impl PoolingConfig {
             path: path.to_owned(),
             source,
         })?;
-        let p: PoolingConfig = serde_json::from_str(&text).map_err(|source| MinilmError::Config {
-            path: path.to_owned(),
-            source,
-        })?;
+        let p: PoolingConfig =
+            serde_json::from_str(&text).map_err(|source| MinilmError::Config {
+                path: path.to_owned(),
+                source,
+            })?;
         if !p.pooling_mode_mean_tokens || p.pooling_mode_cls_token || p.pooling_mode_max_tokens {
             return Err(MinilmError::Unsupported(
                 "pooling other than mean over tokens".to_owned(),

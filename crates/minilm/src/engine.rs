@@ -177,8 +177,8 @@ impl Embedder {
     fn enable_profile(&mut self) {
         let state = Arc::new(Mutex::new(ProfileState::default()));
         let s = Arc::clone(&state);
-        self.sched
-            .set_eval_callback(Some(Box::new(move |ctx: &Context, t: TensorId, ask: bool| {
+        self.sched.set_eval_callback(Some(Box::new(
+            move |ctx: &Context, t: TensorId, ask: bool| {
                 let mut st = s.lock().unwrap_or_else(|e| e.into_inner());
                 if ask {
                     st.started = Some(Instant::now());
@@ -191,7 +191,8 @@ impl Embedder {
                     e.1 += 1;
                     true
                 }
-            })));
+            },
+        )));
         self.profile = Some(state);
     }
 
@@ -215,7 +216,7 @@ impl Embedder {
             .into_iter()
             .map(|(k, (d, n))| (k, d, n))
             .collect();
-        ops.sort_by(|a, b| b.1.cmp(&a.1));
+        ops.sort_by_key(|o| std::cmp::Reverse(o.1));
         OpProfile { ops }
     }
 
@@ -234,7 +235,12 @@ impl Embedder {
         for (i, chunk) in sentences.chunks(bs).enumerate() {
             let t = Instant::now();
             let batch = self.tokenizer.batch(chunk)?;
-            tracing::debug!(batch = i, sentences = chunk.len(), tokens = batch.n_tokens, "tokenised");
+            tracing::debug!(
+                batch = i,
+                sentences = chunk.len(),
+                tokens = batch.n_tokens,
+                "tokenised"
+            );
             out.extend(self.embed_batch(&batch)?);
             tracing::info!(
                 batch = i,
@@ -275,8 +281,18 @@ impl Embedder {
         let inp = GraphInputs::new(batch);
         let ctx = &self.ctx;
         tensor_set(ctx, g.ids, 0, &le_bytes(&inp.ids, i32::to_le_bytes))?;
-        tensor_set(ctx, g.type_ids, 0, &le_bytes(&inp.type_ids, i32::to_le_bytes))?;
-        tensor_set(ctx, g.positions, 0, &le_bytes(&inp.positions, i32::to_le_bytes))?;
+        tensor_set(
+            ctx,
+            g.type_ids,
+            0,
+            &le_bytes(&inp.type_ids, i32::to_le_bytes),
+        )?;
+        tensor_set(
+            ctx,
+            g.positions,
+            0,
+            &le_bytes(&inp.positions, i32::to_le_bytes),
+        )?;
         tensor_set(ctx, g.mask, 0, &le_bytes(&inp.mask, f32::to_le_bytes))?;
         tensor_set(ctx, g.pool, 0, &le_bytes(&inp.pool, f32::to_le_bytes))?;
         self.sched
@@ -307,7 +323,8 @@ impl Embedder {
         let batch = self.tokenizer.batch(sentences)?;
         let g = self.prepare(&batch)?;
         let mut out = String::new();
-        self.sched.write_layout(&self.ctx, &g.graph, level, &mut out);
+        self.sched
+            .write_layout(&self.ctx, &g.graph, level, &mut out);
         Ok(out)
     }
 

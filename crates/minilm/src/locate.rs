@@ -80,8 +80,7 @@ fn checked(dir: &Path, what: &str) -> Result<PathBuf> {
 /// Asks `python` where the package is installed; `None` if it is not, or if there is no
 /// such interpreter.
 fn python_package_dir(python: &str) -> Option<PathBuf> {
-    let script =
-        format!("import os, {PYTHON_PACKAGE} as m; print(os.path.dirname(m.__file__))");
+    let script = format!("import os, {PYTHON_PACKAGE} as m; print(os.path.dirname(m.__file__))");
     let out = Command::new(python).args(["-c", &script]).output().ok()?;
     if !out.status.success() {
         return None;

@@ -54,8 +54,21 @@ impl LayerWeights {
     /// Every tensor of the layer.
     pub fn all(&self) -> [TensorId; 16] {
         [
-            self.q_w, self.q_b, self.k_w, self.k_b, self.v_w, self.v_b, self.o_w, self.o_b,
-            self.ln1_w, self.ln1_b, self.up_w, self.up_b, self.down_w, self.down_b, self.ln2_w,
+            self.q_w,
+            self.q_b,
+            self.k_w,
+            self.k_b,
+            self.v_w,
+            self.v_b,
+            self.o_w,
+            self.o_b,
+            self.ln1_w,
+            self.ln1_b,
+            self.up_w,
+            self.up_b,
+            self.down_w,
+            self.down_b,
+            self.ln2_w,
             self.ln2_b,
         ]
     }

@@ -106,7 +106,9 @@ impl WeightFile {
             };
             let (a, b) = info.data_offsets;
             if a > b || b > data_len {
-                return Err(bad(format!("{name}: data range {a}..{b} outside {data_len}")));
+                return Err(bad(format!(
+                    "{name}: data range {a}..{b} outside {data_len}"
+                )));
             }
             let n: usize = info.shape.iter().product();
             if n * ty.type_size() != b - a {

@@ -20,21 +20,37 @@ fn check(offload: usize) {
     .unwrap();
     let got = ours.embed(&common::SENTENCES).unwrap();
     if offload > 0 {
-        assert!(ours.n_splits() > 1, "offload {offload} should split the graph");
+        assert!(
+            ours.n_splits() > 1,
+            "offload {offload} should split the graph"
+        );
     }
 
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json"), 256).unwrap();
     let batch = tok.batch(&common::SENTENCES).unwrap();
-    assert!(batch.lengths.iter().any(|&l| l < batch.n_tokens), "needs padding");
+    assert!(
+        batch.lengths.iter().any(|&l| l < batch.n_tokens),
+        "needs padding"
+    );
     let want = CandleBert::load(&dir).unwrap().embed(&batch).unwrap();
 
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.len(), 384);
         let cos = minilm::cosine(g, w);
-        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(cos >= 0.99999, "offload {offload}, sentence {i}: cosine {cos}");
-        assert!(diff <= 1e-4, "offload {offload}, sentence {i}: max abs diff {diff}");
+        let diff = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            cos >= 0.99999,
+            "offload {offload}, sentence {i}: cosine {cos}"
+        );
+        assert!(
+            diff <= 1e-4,
+            "offload {offload}, sentence {i}: max abs diff {diff}"
+        );
     }
 }
 
@@ -65,5 +81,8 @@ fn a_sentence_embeds_the_same_alone_and_in_a_padded_batch() {
     let batch = e.embed(&common::SENTENCES).unwrap();
     let alone = e.embed(&common::SENTENCES[2..3]).unwrap();
     let cos = minilm::cosine(&batch[2], &alone[0]);
-    assert!(cos >= 0.99999, "padding changed the embedding: cosine {cos}");
+    assert!(
+        cos >= 0.99999,
+        "padding changed the embedding: cosine {cos}"
+    );
 }

@@ -24,7 +24,9 @@ fn naive_evaluation_of_our_graph_matches_candle() {
     let tok = Tokenizer::from_file(&dir.join("tokenizer.json"), 256).unwrap();
     // Two short sentences of different lengths: padding is exercised, the naive loops stay
     // quick in a debug build.
-    let batch = tok.batch(&["I love pasta", "A man is playing a guitar"]).unwrap();
+    let batch = tok
+        .batch(&["I love pasta", "A man is playing a guitar"])
+        .unwrap();
     assert!(batch.lengths[0] < batch.lengths[1]);
 
     let mut ctx = Context::new();
@@ -50,7 +52,11 @@ fn naive_evaluation_of_our_graph_matches_candle() {
     for (b, r) in theirs.iter().enumerate() {
         let o = &ours[b * cfg.hidden_size..(b + 1) * cfg.hidden_size];
         let cos = minilm::cosine(o, r);
-        let diff = o.iter().zip(r).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        let diff = o
+            .iter()
+            .zip(r)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
         assert!(cos >= 0.99999, "sentence {b}: cosine {cos}");
         assert!(diff <= 1e-4, "sentence {b}: max abs diff {diff}");
     }

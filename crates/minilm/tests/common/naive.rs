@@ -49,7 +49,9 @@ impl<'c> Naive<'c> {
     /// Element `i` of `id` as f64 (f32 or i32 tensors).
     pub fn get(&self, id: TensorId, i: [i64; 4]) -> f64 {
         let (root, _) = root_of(self.ctx, id);
-        let m = self.mem[root.index()].as_ref().expect("read before written");
+        let m = self.mem[root.index()]
+            .as_ref()
+            .expect("read before written");
         let o = self.offset(id, i);
         let b: [u8; 4] = m[o..o + 4].try_into().unwrap();
         match self.ctx[id].ty() {
@@ -205,12 +207,10 @@ impl<'c> Naive<'c> {
                         }
                     }
                 }
-                let mut k = 0;
                 let mut idx = Vec::new();
                 each(&mut |i| idx.push(i));
-                for i in idx {
-                    self.put(n, i, vals[k]);
-                    k += 1;
+                for (i, v) in idx.into_iter().zip(vals) {
+                    self.put(n, i, v);
                 }
             }
             op => panic!("naive evaluator: op {op:?} not implemented"),
