@@ -264,3 +264,36 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     }
     ab / (aa.sqrt() * bb.sqrt()).max(1e-300)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_mask_padding_keys_and_pool_real_tokens() {
+        // lengths 1 and 3, padded to 3; values worked out by hand
+        let b = Batch::from_ids(&[vec![5], vec![5, 6, 7]], 0);
+        let inp = GraphInputs::new(&b);
+        let inf = f32::NEG_INFINITY;
+        #[rustfmt::skip]
+        let mask = [
+            0.0, inf, inf,   0.0, inf, inf,   0.0, inf, inf, // sentence 0, queries 0..3
+            0.0, 0.0, 0.0,   0.0, 0.0, 0.0,   0.0, 0.0, 0.0, // sentence 1
+        ];
+        assert_eq!(inp.mask, mask);
+        let third = 1.0 / 3.0;
+        assert_eq!(inp.pool, [1.0, 0.0, 0.0, third, third, third]);
+        assert_eq!(inp.ids, [5, 0, 0, 5, 6, 7]);
+        assert_eq!(inp.positions, [0, 1, 2]);
+    }
+
+    #[test]
+    fn l2_normalize_leaves_zero_rows_and_scales_others() {
+        let mut v = vec![0.0, 0.0, 0.0, 1.0, 2.0, 2.0];
+        l2_normalize(&mut v, 3);
+        assert_eq!(&v[..3], &[0.0, 0.0, 0.0]);
+        let n: f32 = v[3..].iter().map(|x| x * x).sum();
+        assert!((n - 1.0).abs() < 1e-6);
+        assert!((v[3] - 1.0 / 3.0).abs() < 1e-7 && (v[4] - 2.0 / 3.0).abs() < 1e-7);
+    }
+}

@@ -95,6 +95,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri's isolation forbids file system access")]
     fn explicit_dir_without_files_is_a_typed_error_with_the_install_hint() {
         let dir = std::env::temp_dir().join("minilm-empty-model-dir-test");
         std::fs::create_dir_all(&dir).unwrap();
