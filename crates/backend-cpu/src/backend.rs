@@ -1,10 +1,7 @@
 //! The CPU backend object: thread count, abort callback, graph compute and plans.
 //!
-//! Computing ops is the `cpu-kernels` crate's job. Until it is wired in, the two functions
-//! [`can_compute`] and [`compute_nodes`] below are the only places that decide what the CPU
-//! can run: they accept leafs and view ops (which compute nothing) and report any other op as
-//! [`BackendError::UnsupportedOp`]. Wiring the kernels in means replacing their bodies with
-//! `cpu_kernels::supports_op(ctx, id)` and `cpu_kernels::compute_graph(ctx, graph, &opts)`.
+//! Computing ops is the `cpu-kernels` crate's job: [`can_compute`] and [`compute_nodes`] below
+//! are the only places that decide what the CPU can run, and they defer to it.
 
 use std::any::Any;
 use std::fmt;
@@ -14,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use backend_core::{
     Backend, BackendError, BackendImpl, ComputeStatus, Device, GraphPlan, Guid, Result,
 };
-use graph::{Context, GraphView, Op, TensorId};
+use graph::{Context, GraphView, TensorId};
 
 use crate::device::CPU_NAME;
 
@@ -31,30 +28,43 @@ struct ComputeOptions {
     abort: Option<AbortCallback>,
 }
 
-/// Whether the CPU can compute `id`: leafs and view ops only, until the kernels land.
+/// Whether the CPU can compute `id`: what the `cpu-kernels` crate implements.
 pub(crate) fn can_compute(ctx: &Context, id: TensorId) -> bool {
-    ctx.get(id)
-        .is_ok_and(|t| t.op() == Op::None || t.op().is_view_op())
+    cpu_kernels::supports_op(ctx, id)
 }
 
-/// Run `graph`'s nodes in order. Until the kernels land: view ops and leafs succeed (they
-/// compute nothing), the first other op is an [`BackendError::UnsupportedOp`].
+/// The kernels' engine (worker pool and scratch) of one backend, created on first use and
+/// recreated only when more threads are asked for than its pool has.
+#[derive(Default)]
+struct Engine(std::sync::Mutex<Option<Arc<cpu_kernels::CpuCompute>>>);
+
+impl Engine {
+    fn get(&self, n_threads: usize) -> Arc<cpu_kernels::CpuCompute> {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.as_ref() {
+            Some(e) if e.n_threads() >= n_threads => Arc::clone(e),
+            _ => {
+                let e = Arc::new(cpu_kernels::CpuCompute::new(n_threads));
+                *slot = Some(Arc::clone(&e));
+                e
+            }
+        }
+    }
+}
+
+/// Run `graph`'s nodes in order with the kernels of `cpu-kernels`.
 fn compute_nodes(
+    engine: &Engine,
     ctx: &Context,
     graph: GraphView<'_>,
     opts: &ComputeOptions,
 ) -> Result<ComputeStatus> {
-    let _ = opts.n_threads;
-    for &id in graph.nodes {
-        if opts.abort.as_ref().is_some_and(|f| f()) {
-            return Ok(ComputeStatus::Aborted);
-        }
-        let op = ctx.get(id)?.op();
-        if !(op == Op::None || op.is_view_op()) {
-            return Err(BackendError::unsupported_op(CPU_NAME, op.name(), id));
-        }
-    }
-    Ok(ComputeStatus::Success)
+    let kernels = engine.get(opts.n_threads);
+    let kopts = cpu_kernels::ComputeOptions {
+        n_threads: opts.n_threads,
+        abort: opts.abort.clone(),
+    };
+    kernels.compute_with(ctx, graph, &kopts)
 }
 
 /// The CPU backend (`ggml_backend_cpu`). Get one with [`crate::init`] or through the registry
@@ -73,6 +83,7 @@ pub struct CpuBackend {
     device: Device,
     n_threads: AtomicUsize,
     abort: parking_lot_free::Slot<AbortCallback>,
+    engine: Engine,
 }
 
 impl fmt::Debug for CpuBackend {
@@ -145,6 +156,7 @@ impl CpuBackend {
             device,
             n_threads: AtomicUsize::new(default_n_threads()),
             abort: parking_lot_free::Slot::new(),
+            engine: Engine::default(),
         }
     }
 
@@ -238,10 +250,10 @@ impl BackendImpl for CpuBackend {
             n_threads: plan.n_threads,
             abort: plan.abort.clone(),
         };
-        compute_nodes(ctx, graph, &opts)
+        compute_nodes(&self.engine, ctx, graph, &opts)
     }
     fn graph_compute(&self, ctx: &Context, graph: GraphView<'_>) -> Result<ComputeStatus> {
-        compute_nodes(ctx, graph, &self.options())
+        compute_nodes(&self.engine, ctx, graph, &self.options())
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -16,9 +16,19 @@ pub const CPU_BUFFER_TYPE_NAME: &str = "CPU";
 /// Name of the buffer type of buffers over caller-owned host memory (ggml's `CPU_Mapped`).
 pub const CPU_MAPPED_BUFFER_TYPE_NAME: &str = "CPU_Mapped";
 
-/// The CPU buffer type: host memory from the global allocator, aligned to [`ALIGNMENT`].
+/// Alignment of buffers over caller-owned host memory ("CPU_Mapped"), and of the tensors
+/// placed in them. Why smaller than [`ALIGNMENT`]: weights files are mapped and used in place,
+/// and their formats align tensor data to less than a cache line — safetensors pads its
+/// header to 8 bytes, so its data section starts at 8 (mod 64) in a page-aligned map, and no
+/// mapping can move it. 8 covers every element type's natural alignment; the kernels do not
+/// need more.
+pub const MAPPED_ALIGNMENT: usize = 8;
+
+/// The CPU buffer types: host memory from the global allocator, aligned to [`ALIGNMENT`]
+/// ("CPU"), or caller-owned memory aligned to [`MAPPED_ALIGNMENT`] ("CPU_Mapped").
 pub(crate) struct CpuBufferType {
     pub(crate) name: &'static str,
+    pub(crate) alignment: usize,
 }
 
 impl BufferTypeImpl for CpuBufferType {
@@ -40,7 +50,7 @@ impl BufferTypeImpl for CpuBufferType {
         }))
     }
     fn alignment(&self) -> usize {
-        ALIGNMENT
+        self.alignment
     }
     fn max_size(&self) -> usize {
         // `Layout` refuses anything above isize::MAX (minus alignment padding).
@@ -139,10 +149,11 @@ pub(crate) fn buffer_from_host_memory(buft: BufferType, memory: HostMemory) -> R
     if memory.is_empty() {
         return Ok(Buffer::from_parts(buft, None, 0));
     }
-    if !addr.is_multiple_of(ALIGNMENT) {
+    let align = buft.alignment();
+    if !addr.is_multiple_of(align) {
         return Err(BackendError::Misaligned {
             offset: addr,
-            alignment: ALIGNMENT,
+            alignment: align,
         });
     }
     // SAFETY: `HostMemory` guarantees its pointer is valid for `len` bytes while it lives, and

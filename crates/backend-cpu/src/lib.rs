@@ -49,7 +49,7 @@ use std::sync::OnceLock;
 use backend_core::{Backend, BufferType, Device, GlobalRegistry, Registry, Result};
 
 pub use backend::{AbortCallback, CPU_GUID, CpuBackend, default_n_threads};
-pub use buffer::{CPU_BUFFER_TYPE_NAME, CPU_MAPPED_BUFFER_TYPE_NAME};
+pub use buffer::{CPU_BUFFER_TYPE_NAME, CPU_MAPPED_BUFFER_TYPE_NAME, MAPPED_ALIGNMENT};
 pub use device::{CPU_NAME, EXT_SET_N_THREADS, SetNThreads};
 pub use mem::ALIGNMENT;
 
@@ -59,6 +59,7 @@ pub fn cpu_buffer_type() -> BufferType {
     B.get_or_init(|| {
         BufferType::new(buffer::CpuBufferType {
             name: CPU_BUFFER_TYPE_NAME,
+            alignment: ALIGNMENT,
         })
     })
     .clone()
@@ -70,6 +71,7 @@ pub fn cpu_mapped_buffer_type() -> BufferType {
     B.get_or_init(|| {
         BufferType::new(buffer::CpuBufferType {
             name: CPU_MAPPED_BUFFER_TYPE_NAME,
+            alignment: buffer::MAPPED_ALIGNMENT,
         })
     })
     .clone()

@@ -1,0 +1,719 @@
+//! The executor: runs one node at a time, splitting its work over the pool.
+//!
+//! Work is cut into units (row chunks for elementwise ops, rows for row-wise ops, row blocks
+//! for matrix products); a node whose total work is below [`MIN_WORK`] runs on the calling
+//! thread alone, so tiny ops pay no synchronisation. Every unit reads its sources into
+//! per-thread f32 scratch, computes there, and stores the result, which makes in-place ops and
+//! any strides correct by construction.
+
+use std::ops::Range;
+
+use backend_core::BackendError;
+use graph::{Context, ElementType, Op, TensorId, UnaryOp};
+use parking_lot::Mutex;
+
+use crate::mem::{MatF32, TView, gemm_f32};
+use crate::pool::Pool;
+use crate::quant;
+
+/// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
+pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
+/// Elements per unit of elementwise work.
+const ROW_CHUNK: usize = 4096;
+/// Rows of the weight matrix per unit in the dot-product matrix path.
+const MM_ROWS: usize = 16;
+/// Columns of `src1` from which the blocked gemm path is used.
+const GEMM_MIN_N: usize = 16;
+/// Floats of dequantized weights a thread keeps for one gemm call.
+const GEMM_PANEL_FLOATS: usize = 2 * 1024 * 1024;
+
+/// Per-thread scratch vectors.
+#[derive(Default, Debug)]
+pub(crate) struct ThreadScratch {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    bytes: Vec<u8>,
+}
+
+/// Scratch memory reused across computes: one set per thread plus a shared area.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    thread: Vec<Mutex<ThreadScratch>>,
+    shared_f32: Vec<f32>,
+    shared_u8: Vec<u8>,
+}
+
+impl Scratch {
+    pub fn new(n_threads: usize) -> Scratch {
+        Scratch {
+            thread: (0..n_threads.max(1)).map(|_| Mutex::default()).collect(),
+            shared_f32: Vec::new(),
+            shared_u8: Vec::new(),
+        }
+    }
+
+    /// Bytes currently held (for diagnostics and tests of reuse).
+    pub fn capacity_bytes(&self) -> usize {
+        let t: usize = self
+            .thread
+            .iter()
+            .map(|m| {
+                let s = m.lock();
+                (s.a.capacity() + s.b.capacity() + s.c.capacity()) * 4 + s.bytes.capacity()
+            })
+            .sum();
+        t + self.shared_f32.capacity() * 4 + self.shared_u8.capacity()
+    }
+}
+
+fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
+}
+
+fn split(n: usize, nth: usize, ith: usize) -> Range<usize> {
+    let per = n.div_ceil(nth);
+    let start = (ith * per).min(n);
+    start..(start + per).min(n)
+}
+
+#[inline]
+fn unravel(r: usize, ne: [usize; 4]) -> (usize, usize, usize) {
+    (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]))
+}
+
+fn unsupported(ctx: &Context, id: TensorId) -> BackendError {
+    BackendError::UnsupportedOp {
+        backend: "CPU".to_owned(),
+        op: ctx[id].op().name(),
+        tensor: id,
+    }
+}
+
+/// One compute: the pool, the thread count to use, and the scratch.
+pub(crate) struct Exec<'a> {
+    pub pool: &'a Pool,
+    pub n_threads: usize,
+    pub scratch: &'a mut Scratch,
+}
+
+impl Exec<'_> {
+    /// Run `f(ith, units, scratch)` over `0..n_units` split evenly over as many threads as the
+    /// work justifies.
+    fn par_for<F>(&self, n_units: usize, unit_cost: usize, f: F) -> Result<(), BackendError>
+    where
+        F: Fn(Range<usize>, &mut ThreadScratch) -> Result<(), BackendError> + Sync,
+    {
+        if n_units == 0 {
+            return Ok(());
+        }
+        let total = n_units.saturating_mul(unit_cost.max(1));
+        let nth = (total / MIN_WORK)
+            .clamp(1, self.n_threads.min(self.pool.n_threads()))
+            .min(n_units)
+            .min(self.scratch.thread.len());
+        let thread = &self.scratch.thread;
+        if nth <= 1 {
+            return f(0..n_units, &mut thread[0].lock());
+        }
+        let err: Mutex<Option<BackendError>> = Mutex::new(None);
+        self.pool.run(nth, &|ith| {
+            let r = split(n_units, nth, ith);
+            if r.is_empty() {
+                return;
+            }
+            if let Err(e) = f(r, &mut thread[ith].lock()) {
+                err.lock().get_or_insert(e);
+            }
+        });
+        match err.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Compute one node (nothing for views, NONE and empty tensors).
+    pub fn node(&mut self, ctx: &Context, id: TensorId) -> Result<(), BackendError> {
+        let t = ctx.get(id)?;
+        let op = t.op();
+        if op == Op::None || op.is_view_op() || t.nelements() == 0 {
+            return Ok(());
+        }
+        if !crate::supports_op(ctx, id) {
+            return Err(unsupported(ctx, id));
+        }
+        let dst = TView::resolve(ctx, id)?;
+        let src = |i: usize| -> Result<TView, BackendError> {
+            let s = t.src(i).ok_or_else(|| unsupported(ctx, id))?;
+            TView::resolve(ctx, s)
+        };
+        let p = *t.op_params();
+        match op {
+            Op::Add | Op::Sub | Op::Mul | Op::Div => self.binary(op, &dst, &src(0)?, &src(1)?),
+            Op::Sqr => self.map(&dst, &src(0)?, |x| x * x),
+            Op::Sqrt => self.map(&dst, &src(0)?, f32::sqrt),
+            Op::Scale => {
+                let s = p.f32(0);
+                self.map(&dst, &src(0)?, move |x| x * s)
+            }
+            Op::Unary(u) => {
+                let a = src(0)?;
+                match u {
+                    UnaryOp::Abs => self.map(&dst, &a, f32::abs),
+                    UnaryOp::Neg => self.map(&dst, &a, |x| -x),
+                    UnaryOp::Tanh => self.map(&dst, &a, f32::tanh),
+                    UnaryOp::Relu => self.map(&dst, &a, |x| if x > 0.0 { x } else { 0.0 }),
+                    UnaryOp::Sigmoid => self.map(&dst, &a, |x| 1.0 / (1.0 + (-x).exp())),
+                    UnaryOp::Gelu => self.map(&dst, &a, gelu_tanh),
+                    UnaryOp::Silu => self.map(&dst, &a, |x| x / (1.0 + (-x).exp())),
+                    UnaryOp::Exp => self.map(&dst, &a, f32::exp),
+                    UnaryOp::GeluErf => self.map(&dst, &a, |x| {
+                        0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+                    }),
+                    _ => Err(unsupported(ctx, id)),
+                }
+            }
+            Op::Norm => self.norm(&dst, &src(0)?, p.f32(0), false),
+            Op::RmsNorm => self.norm(&dst, &src(0)?, p.f32(0), true),
+            Op::SoftMax => {
+                let mask = match t.src(1) {
+                    Some(m) => Some(TView::resolve(ctx, m)?),
+                    None => None,
+                };
+                self.soft_max(&dst, &src(0)?, mask.as_ref(), p.f32(0), p.f32(1))
+            }
+            Op::Rope => self.rope(&dst, &src(0)?, &src(1)?, &p),
+            Op::GetRows => self.get_rows(&dst, &src(0)?, &src(1)?),
+            Op::MulMat => self.mul_mat(&dst, &src(0)?, &src(1)?),
+            Op::Cpy | Op::Dup | Op::Cont => self.copy(&dst, &src(0)?),
+            _ => Err(unsupported(ctx, id)),
+        }
+    }
+
+    fn binary(&self, op: Op, dst: &TView, a: &TView, b: &TView) -> Result<(), BackendError> {
+        let ne0 = dst.ne[0];
+        let nch = ne0.div_ceil(ROW_CHUNK);
+        let f: fn(f32, f32) -> f32 = match op {
+            Op::Add => |x, y| x + y,
+            Op::Sub => |x, y| x - y,
+            Op::Mul => |x, y| x * y,
+            _ => |x, y| x / y,
+        };
+        self.par_for(dst.nrows() * nch, ne0.min(ROW_CHUNK), |units, ts| {
+            for u in units {
+                let (row, c) = (u / nch, u % nch);
+                let i0 = c * ROW_CHUNK;
+                let len = ROW_CHUNK.min(ne0 - i0);
+                let (i1, i2, i3) = unravel(row, dst.ne);
+                let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+                let xa = grow(&mut ts.a, len);
+                a.load_f32(i0, i1, i2, i3, xa);
+                if b.ne[0] == ne0 {
+                    let xb = grow(&mut ts.b, len);
+                    b.load_f32(i0, j1, j2, j3, xb);
+                    for (x, &y) in xa.iter_mut().zip(xb.iter()) {
+                        *x = f(*x, y);
+                    }
+                } else {
+                    let nb0 = b.ne[0];
+                    let xb = grow(&mut ts.b, nb0);
+                    b.load_f32(0, j1, j2, j3, xb);
+                    for (k, x) in xa.iter_mut().enumerate() {
+                        *x = f(*x, xb[(i0 + k) % nb0]);
+                    }
+                }
+                dst.store_f32(i0, i1, i2, i3, xa);
+            }
+            Ok(())
+        })
+    }
+
+    fn map<F: Fn(f32) -> f32 + Sync>(
+        &self,
+        dst: &TView,
+        a: &TView,
+        f: F,
+    ) -> Result<(), BackendError> {
+        let ne0 = dst.ne[0];
+        let nch = ne0.div_ceil(ROW_CHUNK);
+        self.par_for(dst.nrows() * nch, ne0.min(ROW_CHUNK), |units, ts| {
+            for u in units {
+                let (row, c) = (u / nch, u % nch);
+                let i0 = c * ROW_CHUNK;
+                let len = ROW_CHUNK.min(ne0 - i0);
+                let (i1, i2, i3) = unravel(row, dst.ne);
+                let x = grow(&mut ts.a, len);
+                a.load_f32(i0, i1, i2, i3, x);
+                for v in x.iter_mut() {
+                    *v = f(*v);
+                }
+                dst.store_f32(i0, i1, i2, i3, x);
+            }
+            Ok(())
+        })
+    }
+
+    fn norm(&self, dst: &TView, a: &TView, eps: f32, rms: bool) -> Result<(), BackendError> {
+        let ne0 = dst.ne[0];
+        self.par_for(dst.nrows(), ne0, |rows, ts| {
+            for r in rows {
+                let (i1, i2, i3) = unravel(r, dst.ne);
+                let x = grow(&mut ts.a, ne0);
+                a.load_f32(0, i1, i2, i3, x);
+                if rms {
+                    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    let mean = (sum / ne0 as f64) as f32;
+                    let s = 1.0 / (mean + eps).sqrt();
+                    x.iter_mut().for_each(|v| *v *= s);
+                } else {
+                    let sum: f64 = x.iter().map(|&v| f64::from(v)).sum();
+                    let mean = (sum / ne0 as f64) as f32;
+                    let mut sum2 = 0.0f64;
+                    for v in x.iter_mut() {
+                        *v -= mean;
+                        sum2 += f64::from(*v) * f64::from(*v);
+                    }
+                    let var = (sum2 / ne0 as f64) as f32;
+                    let s = 1.0 / (var + eps).sqrt();
+                    x.iter_mut().for_each(|v| *v *= s);
+                }
+                dst.store_f32(0, i1, i2, i3, x);
+            }
+            Ok(())
+        })
+    }
+
+    fn soft_max(
+        &self,
+        dst: &TView,
+        a: &TView,
+        mask: Option<&TView>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<(), BackendError> {
+        let ne0 = dst.ne[0];
+        let n_head = a.ne[2] as u32;
+        let n_head_log2 = if n_head == 0 {
+            1
+        } else {
+            1u32 << n_head.ilog2()
+        };
+        let m0 = 2.0f32.powf(-max_bias / n_head_log2 as f32);
+        let m1 = 2.0f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+        self.par_for(dst.nrows(), ne0 * 4, |rows, ts| {
+            for r in rows {
+                let (i1, i2, i3) = unravel(r, dst.ne);
+                let slope = if max_bias > 0.0 {
+                    let h = i2 as u32;
+                    if h < n_head_log2 {
+                        m0.powi(h as i32 + 1)
+                    } else {
+                        m1.powi(2 * (h - n_head_log2) as i32 + 1)
+                    }
+                } else {
+                    1.0
+                };
+                let x = grow(&mut ts.a, ne0);
+                a.load_f32(0, i1, i2, i3, x);
+                x.iter_mut().for_each(|v| *v *= scale);
+                if let Some(m) = mask {
+                    let mv = grow(&mut ts.b, ne0);
+                    m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
+                    for (v, &w) in x.iter_mut().zip(mv.iter()) {
+                        *v += slope * w;
+                    }
+                }
+                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let mut sum = 0.0f64;
+                for v in x.iter_mut() {
+                    *v = (*v - max).exp();
+                    sum += f64::from(*v);
+                }
+                let inv = (1.0 / sum) as f32;
+                x.iter_mut().for_each(|v| *v *= inv);
+                dst.store_f32(0, i1, i2, i3, x);
+            }
+            Ok(())
+        })
+    }
+
+    fn rope(
+        &self,
+        dst: &TView,
+        a: &TView,
+        pos: &TView,
+        p: &graph::OpParams,
+    ) -> Result<(), BackendError> {
+        let n_dims = p.i32(1) as usize;
+        let mode = p.i32(2);
+        let n_ctx_orig = p.i32(4);
+        let (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow) =
+            (p.f32(5), p.f32(6), p.f32(7), p.f32(8), p.f32(9), p.f32(10));
+        let ne0 = dst.ne[0];
+        if n_dims > ne0 || !n_dims.is_multiple_of(2) {
+            return Err(BackendError::failed(
+                "CPU",
+                "rope: n_dims must be even and <= ne0",
+            ));
+        }
+        let neox = mode & graph::rope_mode::NEOX != 0;
+        let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
+        let corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow);
+        let ne1 = dst.ne[1];
+        // One unit per (i2, i3): all rows of one position share the sin/cos cache.
+        self.par_for(dst.ne[2] * dst.ne[3], ne0 * ne1 * 2, |units, ts| {
+            for u in units {
+                let (i2, i3) = (u % dst.ne[2], u / dst.ne[2]);
+                let position = pos.read_i32(i2, 0, 0, 0) as f32;
+                let cache = grow(&mut ts.b, n_dims);
+                let mut theta = position;
+                for i0 in (0..n_dims).step_by(2) {
+                    let (c, s) = rope_yarn(theta, freq_scale, corr, i0, ext_factor, attn_factor);
+                    cache[i0] = c;
+                    cache[i0 + 1] = s;
+                    theta *= theta_scale;
+                }
+                for i1 in 0..ne1 {
+                    let x = grow(&mut ts.a, ne0);
+                    a.load_f32(0, i1, i2, i3, x);
+                    let y = grow(&mut ts.c, ne0);
+                    y.copy_from_slice(x);
+                    for i0 in (0..n_dims).step_by(2) {
+                        let (c, s) = (cache[i0], cache[i0 + 1]);
+                        let (j0, j1) = if neox {
+                            (i0 / 2, i0 / 2 + n_dims / 2)
+                        } else {
+                            (i0, i0 + 1)
+                        };
+                        let (x0, x1) = (x[j0], x[j1]);
+                        y[j0] = x0 * c - x1 * s;
+                        y[j1] = x0 * s + x1 * c;
+                    }
+                    dst.store_f32(0, i1, i2, i3, y);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn get_rows(&self, dst: &TView, a: &TView, rows: &TView) -> Result<(), BackendError> {
+        if a.overlaps(dst) {
+            return Err(BackendError::failed(
+                "CPU",
+                "get_rows: result overlaps its source",
+            ));
+        }
+        let ne0 = dst.ne[0];
+        let n_src_rows = a.ne[1];
+        self.par_for(dst.nrows(), ne0, |units, ts| {
+            for u in units {
+                let (i10, i11, i12) = unravel(u, dst.ne);
+                let raw_r = rows.read_i32(i10, i11, i12, 0);
+                let r = usize::try_from(raw_r)
+                    .ok()
+                    .filter(|&r| r < n_src_rows)
+                    .ok_or_else(|| {
+                        BackendError::out_of_bounds("get_rows index", raw_r as usize, 1, n_src_rows)
+                    })?;
+                match a.ty {
+                    ElementType::I32 => {
+                        dst.copy_raw_from([0, i10, i11, i12], a, [0, r, i11, i12], ne0)
+                    }
+                    ElementType::Q8_0 | ElementType::Q4_0 => {
+                        let x = grow(&mut ts.a, ne0);
+                        dequantize_row(a, r, i11, i12, x);
+                        dst.store_f32(0, i10, i11, i12, x);
+                    }
+                    _ => {
+                        let x = grow(&mut ts.a, ne0);
+                        a.load_f32(0, r, i11, i12, x);
+                        dst.store_f32(0, i10, i11, i12, x);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn copy(&self, dst: &TView, a: &TView) -> Result<(), BackendError> {
+        let ne0 = dst.ne[0];
+        if dst.ty.is_quantized() {
+            // Same extents (checked by supports_op): quantize row by row.
+            let row_size = dst.ty.row_size(ne0);
+            return self.par_for(dst.nrows(), ne0 * 4, |rows, ts| {
+                for r in rows {
+                    let (i1, i2, i3) = unravel(r, dst.ne);
+                    let x = grow(&mut ts.a, ne0);
+                    a.load_f32(0, i1, i2, i3, x);
+                    let q = grow(&mut ts.bytes, row_size);
+                    match dst.ty {
+                        ElementType::Q8_0 => quant::quantize_q8_0(x, q),
+                        _ => quant::quantize_q4_0(x, q),
+                    }
+                    dst.store_row_bytes(i1, i2, i3, q);
+                }
+                Ok(())
+            });
+        }
+        let raw = a.ty == dst.ty;
+        if a.ne == dst.ne {
+            let nch = ne0.div_ceil(ROW_CHUNK);
+            return self.par_for(dst.nrows() * nch, ne0.min(ROW_CHUNK), |units, ts| {
+                for u in units {
+                    let (row, c) = (u / nch, u % nch);
+                    let i0 = c * ROW_CHUNK;
+                    let len = ROW_CHUNK.min(ne0 - i0);
+                    let (i1, i2, i3) = unravel(row, dst.ne);
+                    if raw {
+                        dst.copy_raw_from([i0, i1, i2, i3], a, [i0, i1, i2, i3], len);
+                    } else {
+                        let x = grow(&mut ts.a, len);
+                        a.load_f32(i0, i1, i2, i3, x);
+                        dst.store_f32(i0, i1, i2, i3, x);
+                    }
+                }
+                Ok(())
+            });
+        }
+        // Different extents, same element count: walk source rows, writing each at its linear
+        // position in the destination (ggml's dup order).
+        let ne00 = a.ne[0];
+        self.par_for(a.nrows(), ne00, |rows, ts| {
+            for r in rows {
+                let (i1, i2, i3) = unravel(r, a.ne);
+                let mut k = r * ne00; // linear index of the row's first element
+                let mut done = 0;
+                if !raw {
+                    let x = grow(&mut ts.a, ne00);
+                    a.load_f32(0, i1, i2, i3, x);
+                }
+                while done < ne00 {
+                    let d0 = k % ne0;
+                    let drow = k / ne0;
+                    let (d1, d2, d3) = unravel(drow, dst.ne);
+                    let n = (ne0 - d0).min(ne00 - done);
+                    if raw {
+                        dst.copy_raw_from([d0, d1, d2, d3], a, [done, i1, i2, i3], n);
+                    } else {
+                        dst.store_f32(d0, d1, d2, d3, &ts.a[done..done + n]);
+                    }
+                    done += n;
+                    k += n;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn mul_mat(&mut self, dst: &TView, a: &TView, b: &TView) -> Result<(), BackendError> {
+        if a.overlaps(dst) || b.overlaps(dst) {
+            return Err(BackendError::failed(
+                "CPU",
+                "mul_mat: result overlaps a source",
+            ));
+        }
+        let k = a.ne[0];
+        let m = a.ne[1];
+        let n = b.ne[1];
+        let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+        let n_batch = dst.ne[2] * dst.ne[3];
+        let use_gemm = !cfg!(miri) && n >= GEMM_MIN_N && m >= 16 && k >= 16;
+        if use_gemm {
+            return self.mul_mat_gemm(dst, a, b, r2, r3);
+        }
+        // Dot-product path: pack src1 columns once (f32, or q8_0 for quantized weights).
+        let quantized = a.ty.is_quantized();
+        let ncols = n * n_batch;
+        let col_bytes = ElementType::Q8_0.row_size(k);
+        if quantized {
+            let tmp = grow(&mut self.scratch.thread[0].get_mut().a, k).to_vec();
+            let mut tmp = tmp;
+            let packed = grow(&mut self.scratch.shared_u8, ncols * col_bytes);
+            for c in 0..ncols {
+                let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
+                b.load_f32(0, j, i2, i3, &mut tmp);
+                quant::quantize_q8_0(&tmp, &mut packed[c * col_bytes..(c + 1) * col_bytes]);
+            }
+        } else {
+            let packed = grow(&mut self.scratch.shared_f32, ncols * k);
+            for c in 0..ncols {
+                let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
+                b.load_f32(0, j, i2, i3, &mut packed[c * k..(c + 1) * k]);
+            }
+        }
+        let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
+        let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
+        let mblocks = m.div_ceil(MM_ROWS);
+        let this = &*self;
+        this.par_for(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
+            for u in units {
+                let (batch, mb) = (u / mblocks, u % mblocks);
+                let (i2, i3) = (batch % dst.ne[2], batch / dst.ne[2]);
+                let (a2, a3) = (i2 / r2, i3 / r3);
+                let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
+                let nr = rows.len();
+                let out = grow(&mut ts.c, nr * n);
+                for (ri, i) in rows.clone().enumerate() {
+                    if quantized {
+                        let row = a.row_bytes(i, a2, a3);
+                        for j in 0..n {
+                            let c = batch * n + j;
+                            let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
+                            out[j * nr + ri] = match a.ty {
+                                ElementType::Q4_0 => quant::dot_q4_0_q8_0(row, col),
+                                _ => quant::dot_q8_0_q8_0(row, col),
+                            };
+                        }
+                    } else {
+                        let row: &[f32] = match a.f32_row(i, a2, a3) {
+                            Some(r) => r,
+                            None => {
+                                let x = grow(&mut ts.a, k);
+                                a.load_f32(0, i, a2, a3, x);
+                                x
+                            }
+                        };
+                        for j in 0..n {
+                            let c = batch * n + j;
+                            out[j * nr + ri] = quant::dot_f32(row, &packed_f32[c * k..(c + 1) * k]);
+                        }
+                    }
+                }
+                for j in 0..n {
+                    dst.store_f32(rows.start, j, i2, i3, &out[j * nr..(j + 1) * nr]);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn mul_mat_gemm(
+        &mut self,
+        dst: &TView,
+        a: &TView,
+        b: &TView,
+        r2: usize,
+        r3: usize,
+    ) -> Result<(), BackendError> {
+        let k = a.ne[0];
+        let m = a.ne[1];
+        let n = b.ne[1];
+        let n_batch = dst.ne[2] * dst.ne[3];
+        let direct_a = a.f32_matrix(0, 0).is_some() && a.rows_contiguous();
+        let nth = self.n_threads.min(self.pool.n_threads()).max(1);
+        // Rows of `a` per unit: enough units to keep every thread busy, and for converted
+        // weights no more than a panel of GEMM_PANEL_FLOATS.
+        let per_batch = if n_batch >= nth {
+            1
+        } else {
+            nth.div_ceil(n_batch)
+        };
+        let mut mc = m.div_ceil(per_batch).next_multiple_of(16);
+        if !direct_a {
+            mc = mc.min((GEMM_PANEL_FLOATS / k).max(16));
+        }
+        let mblocks = m.div_ceil(mc);
+        // src1 as a gemm operand: directly, or packed dense per batch.
+        let direct_b = b.f32_matrix(0, 0).is_some();
+        if !direct_b {
+            let packed = grow(&mut self.scratch.shared_f32, n_batch * n * k);
+            for c in 0..n_batch * n {
+                let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
+                b.load_f32(0, j, i2, i3, &mut packed[c * k..(c + 1) * k]);
+            }
+        }
+        let packed = &self.scratch.shared_f32[..if direct_b { 0 } else { n_batch * n * k }];
+        let this = &*self;
+        this.par_for(n_batch * mblocks, mc * n * k, |units, ts| {
+            for u in units {
+                let (batch, mb) = (u / mblocks, u % mblocks);
+                let (i2, i3) = (batch % dst.ne[2], batch / dst.ne[2]);
+                let (a2, a3) = (i2 / r2, i3 / r3);
+                let rows = mb * mc..((mb + 1) * mc).min(m);
+                let dm = dst
+                    .f32_matrix(i2, i3)
+                    .ok_or_else(|| BackendError::failed("CPU", "mul_mat: misaligned result"))?;
+                let bm = match b.f32_matrix(i2, i3) {
+                    Some(x) => x,
+                    None => MatF32::from_slice(&packed[batch * n * k..(batch + 1) * n * k], k, n),
+                };
+                if direct_a {
+                    let am = a.f32_matrix(a2, a3).ok_or_else(|| {
+                        BackendError::failed("CPU", "mul_mat: misaligned weights")
+                    })?;
+                    gemm_f32(dm, am, 0, bm, rows);
+                } else {
+                    let panel = grow(&mut ts.a, rows.len() * k);
+                    for (ri, i) in rows.clone().enumerate() {
+                        let x = &mut panel[ri * k..(ri + 1) * k];
+                        if a.ty.is_quantized() {
+                            dequantize_row(a, i, a2, a3, x);
+                        } else {
+                            a.load_f32(0, i, a2, a3, x);
+                        }
+                    }
+                    let am = MatF32::from_slice(panel, k, rows.len());
+                    gemm_f32(dm, am, rows.start, bm, rows);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
+    let bytes = a.row_bytes(i1, i2, i3);
+    match a.ty {
+        ElementType::Q8_0 => quant::dequantize_q8_0(bytes, out),
+        _ => quant::dequantize_q4_0(bytes, out),
+    }
+}
+
+/// GELU, tanh approximation, in f32 (ggml's default build reads a table indexed by the f16
+/// rounding of x instead; results differ by at most that rounding).
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+fn rope_yarn_corr_dim(n_dims: usize, n_ctx_orig: i32, n_rot: f32, base: f32) -> f32 {
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
+}
+
+fn rope_yarn_corr_dims(
+    n_dims: usize,
+    n_ctx_orig: i32,
+    base: f32,
+    beta_fast: f32,
+    beta_slow: f32,
+) -> [f32; 2] {
+    let start = rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, base).floor();
+    let end = rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, base).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}
+
+fn rope_yarn(
+    theta_extrap: f32,
+    freq_scale: f32,
+    corr: [f32; 2],
+    i0: usize,
+    ext_factor: f32,
+    mscale: f32,
+) -> (f32, f32) {
+    let theta_interp = freq_scale * theta_extrap;
+    let mut theta = theta_interp;
+    let mut mscale = mscale;
+    if ext_factor != 0.0 {
+        let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+        let ramp = 1.0 - y.clamp(0.0, 1.0);
+        let mix = ramp * ext_factor;
+        theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+        mscale *= 1.0 + 0.1 * (1.0 / freq_scale).ln();
+    }
+    (theta.cos() * mscale, theta.sin() * mscale)
+}

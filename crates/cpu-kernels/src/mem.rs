@@ -1,0 +1,453 @@
+//! Raw access to tensor memory: the only module that turns a tensor's storage into pointers.
+//!
+//! Why one module: every kernel needs to read and write bytes that live in backend buffers,
+//! which Rust cannot describe with borrowed slices (the buffer is shared through `Arc`s, views
+//! alias their roots, and in-place ops write the bytes they read). Keeping the pointer
+//! arithmetic here lets the kernels stay safe code over `&[f32]` scratch rows, and keeps every
+//! `unsafe` block next to the check that justifies it.
+//!
+//! The invariant the executor upholds (and every `SAFETY` comment below relies on): while one
+//! op runs, each destination element is written by exactly one thread, and bytes that a thread
+//! writes are read, if at all, only by that same thread (in-place ops read a row before writing
+//! it back). Slices over tensor memory ([`TView::row_bytes`], [`TView::f32_row`]) are only
+//! created for sources whose byte span does not overlap the destination's ([`TView::overlaps`]
+//! is checked by the executor first).
+
+use std::ptr::NonNull;
+
+use backend_core::{BackendError, Buffer};
+use graph::{Context, ElementType, MAX_DIMS, TensorId};
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+/// Elements converted per stack chunk when loading or storing half-precision data.
+const CHUNK: usize = 256;
+
+/// A resolved tensor: base pointer, span, type, extents and byte strides.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct TView {
+    ptr: NonNull<u8>,
+    /// Bytes from `ptr` that belong to the tensor (`nbytes`), all inside its buffer.
+    len: usize,
+    pub ty: ElementType,
+    pub ne: [usize; MAX_DIMS],
+    pub nb: [usize; MAX_DIMS],
+}
+
+// SAFETY: a TView is a pointer into a host buffer that outlives the compute call (the context,
+// borrowed for the whole call, holds the buffer's Arc through the tensor's storage). Threads
+// share it only under the executor's one-writer-per-element rule described in the module docs.
+unsafe impl Send for TView {}
+// SAFETY: as above.
+unsafe impl Sync for TView {}
+
+/// The host pointer and size behind a tensor's storage, checked.
+///
+/// Returns the pointer to the tensor's first byte and the buffer bytes available from there.
+pub(crate) fn storage_ptr(
+    ctx: &Context,
+    id: TensorId,
+) -> Result<(NonNull<u8>, usize), BackendError> {
+    let t = ctx.get(id)?;
+    let st = t.storage().ok_or(BackendError::NotAllocated(id))?;
+    let buf = Buffer::from_storage(st).ok_or_else(|| {
+        BackendError::failed(
+            "CPU",
+            format!("tensor {id:?} lives in a foreign storage type"),
+        )
+    })?;
+    let base = buf.host_ptr().ok_or_else(|| {
+        BackendError::failed(
+            "CPU",
+            format!("tensor {id:?} is not in host memory ({})", buf.name()),
+        )
+    })?;
+    let nbytes = t.nbytes();
+    if st
+        .offset
+        .checked_add(nbytes)
+        .is_none_or(|end| end > buf.size())
+    {
+        return Err(BackendError::out_of_bounds(
+            "cpu compute",
+            st.offset,
+            nbytes,
+            buf.size(),
+        ));
+    }
+    // SAFETY: `st.offset <= buf.size()` (checked above) and the host pointer is valid for the
+    // buffer's size, so the offset stays inside (or one past) the same allocation.
+    let p = unsafe { base.as_ptr().add(st.offset) };
+    // `p` is non-null: it is derived in bounds from a non-null allocation pointer.
+    let p = NonNull::new(p).ok_or_else(|| BackendError::failed("CPU", "null tensor pointer"))?;
+    Ok((p, buf.size() - st.offset))
+}
+
+impl TView {
+    /// Resolve tensor `id` of `ctx`: it must be allocated in host memory, inside its buffer.
+    pub fn resolve(ctx: &Context, id: TensorId) -> Result<TView, BackendError> {
+        let (ptr, _avail) = storage_ptr(ctx, id)?;
+        let t = &ctx[id];
+        let ne = t.ne().map(|n| n as usize);
+        Ok(TView {
+            ptr,
+            len: t.nbytes(),
+            ty: t.ty(),
+            ne,
+            nb: t.nb(),
+        })
+    }
+
+    /// Number of rows (`ne1 * ne2 * ne3`).
+    pub fn nrows(&self) -> usize {
+        self.ne[1] * self.ne[2] * self.ne[3]
+    }
+
+    /// Whether the byte spans of `self` and `other` intersect.
+    pub fn overlaps(&self, other: &TView) -> bool {
+        let a = self.ptr.as_ptr() as usize;
+        let b = other.ptr.as_ptr() as usize;
+        self.len > 0 && other.len > 0 && a < b + other.len && b < a + self.len
+    }
+
+    /// Whether rows are stored densely (`nb0` is the element or block size).
+    pub fn rows_contiguous(&self) -> bool {
+        self.nb[0] == self.ty.type_size() || self.ne[0] == self.ty.block_size()
+    }
+
+    /// Byte offset of element `i0` (a block index times block size for quantized types) of row
+    /// `(i1, i2, i3)`, after checking that `n` elements from there fit inside the tensor.
+    #[inline]
+    fn offset_checked(&self, i0: usize, i1: usize, i2: usize, i3: usize, n: usize) -> usize {
+        assert!(
+            i1 < self.ne[1] && i2 < self.ne[2] && i3 < self.ne[3] && i0 + n <= self.ne[0],
+            "row access outside tensor extents (a kernel bug)"
+        );
+        let bs = self.ty.block_size();
+        let off = (i0 / bs) * self.nb[0] + i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3];
+        if n > 0 {
+            let last = off + ((n - 1) / bs) * self.nb[0] + self.ty.type_size();
+            assert!(
+                last <= self.len,
+                "row access outside tensor bytes (a kernel bug)"
+            );
+        }
+        off
+    }
+
+    /// Pointer to byte `off`, which `offset_checked` proved to lie inside the tensor.
+    #[inline]
+    fn at(&self, off: usize) -> *mut u8 {
+        // SAFETY: every caller passes an offset validated by offset_checked, which is inside
+        // the tensor's span, which is inside its buffer (checked in storage_ptr).
+        unsafe { self.ptr.as_ptr().add(off) }
+    }
+
+    /// Load `out.len()` elements of row `(i1, i2, i3)` from element `i0`, converted to f32.
+    /// Types: F32, F16, BF16, I32 (converted by value).
+    pub fn load_f32(&self, i0: usize, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
+        let n = out.len();
+        let off = self.offset_checked(i0, i1, i2, i3, n);
+        let p = self.at(off);
+        let s = self.nb[0];
+        match self.ty {
+            ElementType::F32 if s == 4 => {
+                // SAFETY: `n * 4` bytes from `p` are inside the tensor (offset_checked); `out`
+                // is our own scratch, so the ranges cannot overlap. Other threads do not write
+                // these bytes during this op (module invariant).
+                unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr().cast::<u8>(), n * 4) }
+            }
+            ElementType::F32 => {
+                for (k, o) in out.iter_mut().enumerate() {
+                    // SAFETY: element k is inside the tensor (offset_checked covered `n`
+                    // strided elements); unaligned reads are allowed.
+                    *o = unsafe { p.add(k * s).cast::<f32>().read_unaligned() };
+                }
+            }
+            ElementType::I32 => {
+                for (k, o) in out.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *o = unsafe { p.add(k * s).cast::<i32>().read_unaligned() } as f32;
+                }
+            }
+            ElementType::F16 | ElementType::BF16 => {
+                let mut bits = [0u16; CHUNK];
+                for (c, chunk) in out.chunks_mut(CHUNK).enumerate() {
+                    let m = chunk.len();
+                    let base = c * CHUNK;
+                    if s == 2 {
+                        // SAFETY: `m * 2` bytes from element `base` are inside the tensor;
+                        // `bits` is a local array of at least `m` u16s.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                p.add(base * 2),
+                                bits.as_mut_ptr().cast::<u8>(),
+                                m * 2,
+                            )
+                        }
+                    } else {
+                        for (k, b) in bits[..m].iter_mut().enumerate() {
+                            // SAFETY: element base + k is inside the tensor.
+                            *b = unsafe { p.add((base + k) * s).cast::<u16>().read_unaligned() };
+                        }
+                    }
+                    if self.ty == ElementType::F16 {
+                        let h: &[f16] = half::slice::HalfBitsSliceExt::reinterpret_cast(&bits[..m]);
+                        h.convert_to_f32_slice(chunk);
+                    } else {
+                        let h: &[bf16] =
+                            half::slice::HalfBitsSliceExt::reinterpret_cast(&bits[..m]);
+                        h.convert_to_f32_slice(chunk);
+                    }
+                }
+            }
+            _ => unreachable!(
+                "load_f32 on {} (supports_op lets no such node through)",
+                self.ty
+            ),
+        }
+    }
+
+    /// Store `data` into row `(i1, i2, i3)` from element `i0`, converting from f32.
+    /// Types: F32, F16, BF16 (round to nearest even).
+    pub fn store_f32(&self, i0: usize, i1: usize, i2: usize, i3: usize, data: &[f32]) {
+        let n = data.len();
+        let off = self.offset_checked(i0, i1, i2, i3, n);
+        let p = self.at(off);
+        let s = self.nb[0];
+        match self.ty {
+            ElementType::F32 if s == 4 => {
+                // SAFETY: `n * 4` bytes from `p` are inside the tensor, written only by this
+                // thread during this op (module invariant); `data` is our scratch (no overlap).
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), p, n * 4) }
+            }
+            ElementType::F32 => {
+                for (k, &v) in data.iter().enumerate() {
+                    // SAFETY: element k is inside the tensor and owned by this thread.
+                    unsafe { p.add(k * s).cast::<f32>().write_unaligned(v) }
+                }
+            }
+            ElementType::F16 | ElementType::BF16 => {
+                let mut bits = [0u16; CHUNK];
+                for (c, chunk) in data.chunks(CHUNK).enumerate() {
+                    let m = chunk.len();
+                    let base = c * CHUNK;
+                    if self.ty == ElementType::F16 {
+                        let h: &mut [f16] =
+                            half::slice::HalfBitsSliceExt::reinterpret_cast_mut(&mut bits[..m]);
+                        h.convert_from_f32_slice(chunk);
+                    } else {
+                        let h: &mut [bf16] =
+                            half::slice::HalfBitsSliceExt::reinterpret_cast_mut(&mut bits[..m]);
+                        h.convert_from_f32_slice(chunk);
+                    }
+                    if s == 2 {
+                        // SAFETY: `m * 2` bytes from element `base` are inside the tensor and
+                        // owned by this thread; `bits` is a local array.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                bits.as_ptr().cast::<u8>(),
+                                p.add(base * 2),
+                                m * 2,
+                            )
+                        }
+                    } else {
+                        for (k, &b) in bits[..m].iter().enumerate() {
+                            // SAFETY: element base + k is inside the tensor, owned by us.
+                            unsafe { p.add((base + k) * s).cast::<u16>().write_unaligned(b) }
+                        }
+                    }
+                }
+            }
+            _ => unreachable!(
+                "store_f32 on {} (supports_op lets no such node through)",
+                self.ty
+            ),
+        }
+    }
+
+    /// Copy `n` elements bit for bit from `src` (same element size, not quantized) starting at
+    /// element `s` = `[i0, i1, i2, i3]` into `self` starting at `d`.
+    pub fn copy_raw_from(&self, d: [usize; 4], src: &TView, s: [usize; 4], n: usize) {
+        let es = self.ty.type_size();
+        debug_assert_eq!(es, src.ty.type_size());
+        let doff = self.offset_checked(d[0], d[1], d[2], d[3], n);
+        let soff = src.offset_checked(s[0], s[1], s[2], s[3], n);
+        let (dp, sp) = (self.at(doff), src.at(soff));
+        if self.nb[0] == es && src.nb[0] == es {
+            // SAFETY: both ranges of `n * es` bytes are inside their tensors; `copy` allows
+            // overlap (an in-place copy); the destination bytes are owned by this thread.
+            unsafe { std::ptr::copy(sp, dp, n * es) }
+        } else {
+            for k in 0..n {
+                // SAFETY: element k of each side is inside its tensor (offset_checked covered
+                // `n` strided elements); the destination element is owned by this thread.
+                unsafe { std::ptr::copy(sp.add(k * src.nb[0]), dp.add(k * self.nb[0]), es) }
+            }
+        }
+    }
+
+    /// Read one i32 element.
+    pub fn read_i32(&self, i0: usize, i1: usize, i2: usize, i3: usize) -> i32 {
+        debug_assert_eq!(self.ty, ElementType::I32);
+        let off = self.offset_checked(i0, i1, i2, i3, 1);
+        // SAFETY: the element is inside the tensor; unaligned reads are allowed.
+        unsafe { self.at(off).cast::<i32>().read_unaligned() }
+    }
+
+    /// The bytes of dense row `(i1, i2, i3)`. Only for sources that do not overlap the
+    /// destination of the running op (checked by the executor), so nobody writes them while
+    /// the slice lives.
+    pub fn row_bytes(&self, i1: usize, i2: usize, i3: usize) -> &[u8] {
+        assert!(
+            self.rows_contiguous(),
+            "row_bytes on a strided row (a kernel bug)"
+        );
+        let n = self.ne[0];
+        let off = self.offset_checked(0, i1, i2, i3, n);
+        let len = self.ty.row_size(n);
+        // SAFETY: the row's `len` bytes are inside the tensor (offset_checked with dense
+        // rows); the memory is not written during the op (the executor checked that this
+        // source does not overlap the destination), and lives as long as `self`'s buffer.
+        unsafe { std::slice::from_raw_parts(self.at(off), len) }
+    }
+
+    /// Row `(i1, i2, i3)` as f32s when the tensor is F32 with dense, aligned rows. Same rule
+    /// as [`TView::row_bytes`].
+    pub fn f32_row(&self, i1: usize, i2: usize, i3: usize) -> Option<&[f32]> {
+        if self.ty != ElementType::F32 || !self.rows_contiguous() {
+            return None;
+        }
+        let n = self.ne[0];
+        let off = self.offset_checked(0, i1, i2, i3, n);
+        let p = self.at(off);
+        if !(p as usize).is_multiple_of(std::mem::align_of::<f32>()) {
+            return None;
+        }
+        // SAFETY: as in row_bytes; in addition `p` is aligned for f32.
+        Some(unsafe { std::slice::from_raw_parts(p.cast::<f32>(), n) })
+    }
+
+    /// Write `bytes` over dense row `(i1, i2, i3)` (quantized destinations).
+    pub fn store_row_bytes(&self, i1: usize, i2: usize, i3: usize, bytes: &[u8]) {
+        assert!(
+            self.rows_contiguous(),
+            "store_row_bytes on a strided row (a kernel bug)"
+        );
+        let n = self.ne[0];
+        let off = self.offset_checked(0, i1, i2, i3, n);
+        assert_eq!(bytes.len(), self.ty.row_size(n));
+        // SAFETY: the row is inside the tensor and owned by this thread; `bytes` is our
+        // scratch, not tensor memory.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at(off), bytes.len()) }
+    }
+
+    /// Matrix `(i2, i3)` of an F32 tensor as a gemm operand, with rows of dimension 1 and
+    /// columns of dimension 0 when `transposed` is false. `None` when strides are not whole
+    /// f32s or the base is misaligned.
+    pub fn f32_matrix(&self, i2: usize, i3: usize) -> Option<MatF32> {
+        if self.ty != ElementType::F32
+            || !self.nb.iter().all(|b| b.is_multiple_of(4))
+            || !(self.ptr.as_ptr() as usize).is_multiple_of(4)
+        {
+            return None;
+        }
+        let off = self.offset_checked(0, 0, i2, i3, 0);
+        Some(MatF32 {
+            ptr: self.at(off),
+            s0: self.nb[0] / 4,
+            s1: self.nb[1] / 4,
+            n0: self.ne[0],
+            n1: self.ne[1],
+        })
+    }
+}
+
+/// A strided f32 matrix inside tensor memory or scratch: element `(i0, i1)` (i0 along the
+/// fast dimension) at `ptr + i0 * s0 + i1 * s1` floats.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct MatF32 {
+    ptr: *mut u8,
+    s0: usize,
+    s1: usize,
+    n0: usize,
+    n1: usize,
+}
+
+impl MatF32 {
+    /// A dense matrix over a scratch slice: `n1` rows of `n0` floats.
+    pub fn from_slice(s: &[f32], n0: usize, n1: usize) -> MatF32 {
+        assert!(s.len() >= n0 * n1);
+        MatF32 {
+            ptr: s.as_ptr().cast_mut().cast::<u8>(),
+            s0: 1,
+            s1: n0,
+            n0,
+            n1,
+        }
+    }
+}
+
+/// `dst[i, j] = Σ_k a[k, i] · b[k, j]` over `i in i_range`, `j in 0..b.n1`, with `gemm`.
+///
+/// `a`: rows `i` of `k` floats (the weights, `n0 = K`); `b`: columns `j` of `K` floats;
+/// `dst`: element `(i, j)` at dimension 0 = `i`, dimension 1 = `j`. `a` may be a slice
+/// covering only `i_range` (then `a_row0` is its first row's index).
+pub(crate) fn gemm_f32(
+    dst: MatF32,
+    a: MatF32,
+    a_row0: usize,
+    b: MatF32,
+    i_range: std::ops::Range<usize>,
+) {
+    let k = a.n0;
+    assert_eq!(b.n0, k, "gemm: inner dimensions differ (a kernel bug)");
+    assert!(
+        i_range.end <= dst.n0 && b.n1 <= dst.n1,
+        "gemm: result too small (a kernel bug)"
+    );
+    assert!(
+        i_range.start >= a_row0 && i_range.end - a_row0 <= a.n1,
+        "gemm: rows outside a"
+    );
+    let m = i_range.len();
+    let n = b.n1;
+    if m == 0 || n == 0 {
+        return;
+    }
+    let fl = |mat: &MatF32, i0: usize, i1: usize| -> *mut f32 {
+        // SAFETY: (i0, i1) lies inside the matrix (asserted above for the corners passed
+        // here), so the offset stays inside the tensor or scratch slice it describes.
+        unsafe { mat.ptr.cast::<f32>().add(i0 * mat.s0 + i1 * mat.s1) }
+    };
+    let dst_p = fl(&dst, i_range.start, 0);
+    let a_p = fl(&a, 0, i_range.start - a_row0);
+    // gemm's view: dst is m×n with (row i, col j); lhs is m×k (row i, col kk); rhs k×n.
+    // SAFETY: all three matrices lie inside live memory for the index ranges gemm visits
+    // (m rows from i_range.start, n columns, k inner) as asserted above; dst's rows in
+    // i_range are written only by this thread; a and b are sources that do not overlap dst
+    // (checked by the executor) or our own scratch.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst_p,
+            dst.s1 as isize,
+            dst.s0 as isize,
+            false,
+            a_p.cast_const(),
+            a.s0 as isize,
+            a.s1 as isize,
+            b.ptr.cast::<f32>().cast_const(),
+            b.s1 as isize,
+            b.s0 as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}

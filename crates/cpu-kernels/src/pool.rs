@@ -1,0 +1,200 @@
+//! A persistent worker pool that runs one job at a time on `n` threads.
+//!
+//! Why not `std::thread::scope` or rayon: a decode step runs hundreds of small ops, and
+//! spawning threads per op (or per graph) costs more than the ops. ggml keeps its threads
+//! alive and synchronises them per op; we do the same with a job slot, an epoch counter that
+//! workers spin on briefly (cheap hand-off for back-to-back ops) before sleeping on a condition
+//! variable (no burnt CPU between graphs). The caller's thread always takes part as worker 0.
+//!
+//! The job is a borrowed closure. Workers receive it with its lifetime erased; this is sound
+//! because [`Pool::run`] does not return (or unwind) before every worker has finished with it.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+type Job = dyn Fn(usize) + Sync;
+
+/// A job pointer with its lifetime erased (see the module docs for why that is sound).
+#[derive(Copy, Clone)]
+struct JobPtr(*const Job);
+
+// SAFETY: the pointee is `Sync` (a `dyn Fn + Sync`), so calling it from several threads is
+// fine; the pointer itself is only dereferenced while `Pool::run` keeps the closure alive.
+unsafe impl Send for JobPtr {}
+
+struct Slot {
+    job: Option<JobPtr>,
+    n: usize,
+    epoch: u64,
+    shutdown: bool,
+}
+
+struct Shared {
+    slot: Mutex<Slot>,
+    work: Condvar,
+    done: Condvar,
+    epoch: AtomicU64,
+    remaining: AtomicUsize,
+    panicked: AtomicBool,
+}
+
+/// How long a worker polls for the next job before sleeping (iterations of `spin_loop`).
+const SPIN: u32 = if cfg!(miri) { 0 } else { 20_000 };
+
+/// The pool: `n_threads - 1` workers plus the calling thread.
+pub(crate) struct Pool {
+    shared: Arc<Shared>,
+    handles: Vec<JoinHandle<()>>,
+    n_threads: usize,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("n_threads", &self.n_threads)
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Start `n_threads - 1` workers (at least one thread in total).
+    pub fn new(n_threads: usize) -> Pool {
+        let n_threads = n_threads.max(1);
+        let shared = Arc::new(Shared {
+            slot: Mutex::new(Slot {
+                job: None,
+                n: 0,
+                epoch: 0,
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            epoch: AtomicU64::new(0),
+            remaining: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+        });
+        let mut handles = Vec::with_capacity(n_threads - 1);
+        for ith in 1..n_threads {
+            let sh = shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("cpu-kernels-{ith}"))
+                .spawn(move || worker(sh, ith));
+            match h {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not start a worker thread; using fewer");
+                    break;
+                }
+            }
+        }
+        let n_threads = handles.len() + 1;
+        Pool {
+            shared,
+            handles,
+            n_threads,
+        }
+    }
+
+    /// Threads available (workers + caller).
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Run `f(ith)` for `ith in 0..n` (`n` clamped to the pool size), `f(0)` on this thread,
+    /// and return when all have finished. A panic in any of them is re-raised here.
+    pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        let n = n.clamp(1, self.n_threads);
+        if n == 1 {
+            f(0);
+            return;
+        }
+        // SAFETY: only the lifetime is erased (same fat-pointer layout). The pointer is
+        // cleared from the slot and every worker has finished calling it before this function
+        // returns or unwinds (the wait below runs unconditionally, f(0)'s panic is caught).
+        let job: *const Job =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Job>(f) };
+        {
+            let mut s = self.shared.slot.lock();
+            s.job = Some(JobPtr(job));
+            s.n = n;
+            s.epoch += 1;
+            self.shared.remaining.store(n - 1, Ordering::Release);
+            self.shared.epoch.store(s.epoch, Ordering::Release);
+        }
+        self.shared.work.notify_all();
+        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        // Wait for the workers: spin briefly, then sleep.
+        let mut spins = 0;
+        while self.shared.remaining.load(Ordering::Acquire) != 0 && spins < SPIN {
+            std::hint::spin_loop();
+            spins += 1;
+        }
+        {
+            let mut s = self.shared.slot.lock();
+            while self.shared.remaining.load(Ordering::Acquire) != 0 {
+                self.shared.done.wait(&mut s);
+            }
+            s.job = None;
+        }
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
+        }
+        if self.shared.panicked.swap(false, Ordering::AcqRel) {
+            panic!("a cpu-kernels worker panicked (a kernel bug)");
+        }
+    }
+}
+
+fn worker(sh: Arc<Shared>, ith: usize) {
+    let mut seen = 0u64;
+    loop {
+        let mut spins = 0;
+        while sh.epoch.load(Ordering::Acquire) == seen && spins < SPIN {
+            std::hint::spin_loop();
+            spins += 1;
+        }
+        let (job, n) = {
+            let mut s = sh.slot.lock();
+            while s.epoch == seen && !s.shutdown {
+                sh.work.wait(&mut s);
+            }
+            if s.shutdown {
+                return;
+            }
+            seen = s.epoch;
+            (s.job, s.n)
+        };
+        if ith >= n {
+            continue;
+        }
+        if let Some(JobPtr(p)) = job {
+            // SAFETY: `Pool::run` published this pointer for the current epoch and waits for
+            // `remaining` to reach zero (our decrement below) before the closure goes away.
+            let f = unsafe { &*p };
+            if catch_unwind(AssertUnwindSafe(|| f(ith))).is_err() {
+                sh.panicked.store(true, Ordering::Release);
+            }
+        }
+        if sh.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _s = sh.slot.lock();
+            sh.done.notify_all();
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        {
+            let mut s = self.shared.slot.lock();
+            s.shutdown = true;
+        }
+        self.shared.work.notify_all();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
