@@ -114,11 +114,17 @@ fn fmt_check() -> Result {
     run(cargo().args(["fmt", "--all", "--check"]))
 }
 
+/// Optional features whose code CI must also build, lint and test: candle's BERT is the
+/// independent reference of the MiniLM correctness test.
+const CI_FEATURES: &str = "minilm/candle";
+
 fn clippy() -> Result {
     run(cargo().args([
         "clippy",
         "--workspace",
         "--all-targets",
+        "--features",
+        CI_FEATURES,
         "--",
         "-D",
         "warnings",
@@ -135,6 +141,7 @@ fn test() -> Result {
         eprintln!("xtask: cargo-nextest not found, using cargo test");
         cmd.args(["test", "--workspace"]);
     }
+    cmd.args(["--features", CI_FEATURES]);
     run(insta_env(&mut cmd))?;
     if use_nextest {
         // nextest does not run doctests.

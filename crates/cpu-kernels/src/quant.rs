@@ -151,7 +151,11 @@ fn dot_f32_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for k in 0..L {
-            acc[k] = if FMA { x[k].mul_add(y[k], acc[k]) } else { acc[k] + x[k] * y[k] };
+            acc[k] = if FMA {
+                x[k].mul_add(y[k], acc[k])
+            } else {
+                acc[k] + x[k] * y[k]
+            };
         }
     }
     let mut tail = 0.0f32;
