@@ -270,10 +270,12 @@ impl Context {
             ne: ne_in.to_vec(),
             why: "arena holds 2^32 tensors",
         })?;
+        let nb = contiguous_strides(ty, ne);
         self.tensors.push(Tensor {
             ty,
             ne,
-            nb: contiguous_strides(ty, ne),
+            nb,
+            nbytes: crate::tensor::nbytes(ty, ne, nb),
             op: Op::None,
             op_params: OpParams::default(),
             flags: TensorFlags::NONE,
@@ -343,6 +345,7 @@ impl Context {
         };
         let id = self.new_impl(ty, &ne, None)?;
         self.tensors[id.index()].nb = nb;
+        self.tensors[id.index()].refresh_nbytes();
         Ok(id)
     }
 }

@@ -92,6 +92,7 @@ impl Context {
         };
         let id = self.new_impl(ty, &ne, Some((a, 0)))?;
         self[id].nb = nb;
+        self[id].refresh_nbytes();
         self.name_from(id, a, " (view)");
         Ok(id)
     }
@@ -617,6 +618,7 @@ impl Context {
         t.nb[1] = nb1;
         t.nb[2] = nb1 * ne1 as usize;
         t.nb[3] = t.nb[2];
+        t.refresh_nbytes();
         Ok(r)
     }
 
@@ -637,6 +639,7 @@ impl Context {
         t.nb[1] = nb1;
         t.nb[2] = nb2;
         t.nb[3] = nb2 * ne2 as usize;
+        t.refresh_nbytes();
         Ok(r)
     }
 
@@ -659,6 +662,7 @@ impl Context {
         t.nb[1] = nb1;
         t.nb[2] = nb2;
         t.nb[3] = nb3;
+        t.refresh_nbytes();
         Ok(r)
     }
 
@@ -789,6 +793,7 @@ impl Context {
             t.nb[axes[i] as usize] = anb[i];
             t.op_params.set_i32(i, axes[i]);
         }
+        t.refresh_nbytes();
         self.set_op(r, Op::Permute, &[Some(a)]);
         Ok(r)
     }
@@ -801,6 +806,7 @@ impl Context {
         let t = &mut self[r];
         t.ne.swap(0, 1);
         t.nb.swap(0, 1);
+        t.refresh_nbytes();
         t.op_params.set_i32(0, 1);
         t.op_params.set_i32(1, 0);
         self.set_op(r, Op::Transpose, &[Some(a)]);

@@ -226,6 +226,10 @@ pub struct Tensor {
     pub(crate) name: TensorName,
     pub(crate) storage: Option<TensorStorage>,
     pub(crate) generation: u32,
+    /// `nbytes(ty, ne, nb)`, kept up to date by every place in this crate that sets the
+    /// layout ([`Tensor::refresh_nbytes`]): allocators ask for it several times per tensor
+    /// per step, and recomputing it was a large share of their time.
+    pub(crate) nbytes: usize,
 }
 
 impl Tensor {
@@ -317,7 +321,17 @@ impl Tensor {
     /// Bytes spanned by the tensor (`ggml_nbytes`): address of the last element plus its size,
     /// so it is right for permuted, transposed and padded strides. 0 when any extent is 0.
     pub fn nbytes(&self) -> usize {
-        nbytes(self.ty, self.ne, self.nb)
+        debug_assert_eq!(
+            self.nbytes,
+            nbytes(self.ty, self.ne, self.nb),
+            "cached nbytes out of date"
+        );
+        self.nbytes
+    }
+
+    /// Recompute the cached byte size after the layout changed.
+    pub(crate) fn refresh_nbytes(&mut self) {
+        self.nbytes = nbytes(self.ty, self.ne, self.nb);
     }
 
     /// Bytes of one row of `ne[0]` elements.
