@@ -172,7 +172,9 @@ impl Context {
         if let Some(s) = src {
             self.get(s)?;
         }
-        self.get_mut(id)?.src[slot] = src;
+        let t = self.get_mut(id)?;
+        t.src[slot] = src;
+        t.refresh_n_src();
         Ok(())
     }
 
@@ -280,6 +282,7 @@ impl Context {
             op_params: OpParams::default(),
             flags: TensorFlags::NONE,
             src: [None; MAX_SRC],
+            n_src: 0,
             view_src,
             view_offs,
             name: TensorName::EMPTY,

@@ -54,6 +54,7 @@ impl Context {
         for (slot, s) in t.src.iter_mut().zip(srcs) {
             *slot = *s;
         }
+        t.refresh_n_src();
     }
 
     fn name_from(&mut self, id: TensorId, src: TensorId, suffix: &str) {

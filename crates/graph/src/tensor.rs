@@ -230,6 +230,9 @@ pub struct Tensor {
     /// layout ([`Tensor::refresh_nbytes`]): allocators ask for it several times per tensor
     /// per step, and recomputing it was a large share of their time.
     pub(crate) nbytes: usize,
+    /// One past the last used source slot ([`Tensor::refresh_n_src`] keeps it up to date):
+    /// most nodes use 1–3 of the 10 slots, and graph walkers need not visit the rest.
+    pub(crate) n_src: u8,
 }
 
 impl Tensor {
@@ -264,6 +267,15 @@ impl Tensor {
     /// All source slots.
     pub fn srcs(&self) -> &[Option<TensorId>; MAX_SRC] {
         &self.src
+    }
+
+    /// The source slots up to the last used one (a prefix of [`Tensor::srcs`]; empty slots
+    /// inside it stay `None`). A fast path for allocators and schedulers that walk every
+    /// source of every node.
+    #[doc(hidden)]
+    pub fn srcs_used(&self) -> &[Option<TensorId>] {
+        debug_assert!(self.src[self.n_src as usize..].iter().all(Option::is_none));
+        &self.src[..self.n_src as usize]
     }
     /// The root tensor whose storage this view aliases (never itself a view).
     pub fn view_src(&self) -> Option<TensorId> {
@@ -327,6 +339,15 @@ impl Tensor {
             "cached nbytes out of date"
         );
         self.nbytes
+    }
+
+    /// Recompute the number of used source slots after a source changed.
+    pub(crate) fn refresh_n_src(&mut self) {
+        self.n_src = self
+            .src
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(0, |i| i + 1) as u8;
     }
 
     /// Recompute the cached byte size after the layout changed.
