@@ -283,8 +283,9 @@ impl GraphAllocator {
             Self::init_tensor(&self.buffers, ctx, leaf, slot)?;
         }
         for (&node, slots) in nodes.iter().zip(&self.node_slots) {
-            let srcs = *ctx.get(node)?.srcs();
-            for (s, slot) in srcs.iter().zip(&slots.src) {
+            let t = ctx.get(node)?;
+            let (srcs, n_src) = (*t.srcs(), t.srcs_used().len());
+            for (s, slot) in srcs[..n_src].iter().zip(&slots.src) {
                 if let Some(s) = *s {
                     Self::init_tensor(&self.buffers, ctx, s, slot)?;
                 }
@@ -319,7 +320,7 @@ impl GraphAllocator {
             if !self.slot_fits(t, &slots.dst) {
                 return Ok(false);
             }
-            for (s, slot) in t.srcs().iter().zip(&slots.src) {
+            for (s, slot) in t.srcs_used().iter().zip(&slots.src) {
                 if let Some(s) = *s
                     && !self.slot_fits(ctx.get(s)?, slot)
                 {
@@ -443,7 +444,7 @@ impl GraphAllocator {
         for (i, &node) in nodes.iter().enumerate() {
             let dst = self.slot_of(ctx, node)?;
             let mut src = [Slot::NONE; MAX_SRC];
-            for (k, s) in ctx.get(node)?.srcs().iter().enumerate() {
+            for (k, s) in ctx.get(node)?.srcs_used().iter().enumerate() {
                 if let Some(s) = *s {
                     src[k] = self.slot_of(ctx, s)?;
                 }
@@ -537,7 +538,7 @@ impl GraphAllocator {
             if t.flags().contains(TensorFlags::INPUT) {
                 self.allocate_node(ctx, node, node_id(i))?;
             }
-            for s in t.srcs().iter().flatten() {
+            for s in t.srcs_used().iter().flatten() {
                 self.records.get(*s).n_children += 1;
                 if ctx.get(*s)?.flags().contains(TensorFlags::INPUT) {
                     self.allocate_node(ctx, *s, node_id(i))?;
@@ -548,7 +549,7 @@ impl GraphAllocator {
         // Phase 3: walk the nodes, placing each and freeing parents after their last use.
         for (i, &node) in nodes.iter().enumerate() {
             let b = node_id(i);
-            let srcs = *ctx.get(node)?.srcs();
+            let srcs = ctx.get(node)?.srcs_used();
             for s in srcs.iter().flatten() {
                 self.allocate_node(ctx, *s, b)?;
             }
@@ -588,7 +589,7 @@ impl GraphAllocator {
         rec.allocated = true;
 
         if t.op().can_inplace() {
-            for p in t.srcs().iter().flatten().copied() {
+            for p in t.srcs_used().iter().flatten().copied() {
                 let pt = ctx.get(p)?;
                 let pr = *self.records.get(p);
                 if !pr.allocated || pr.output_view || pt.flags().contains(TensorFlags::OUTPUT) {
