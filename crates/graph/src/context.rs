@@ -109,6 +109,7 @@ impl Context {
     }
 
     /// The tensor `id`, or an error if the id is stale.
+    #[inline]
     pub fn get(&self, id: TensorId) -> Result<&Tensor, GraphError> {
         match self.tensors.get(id.index as usize) {
             Some(t) if t.generation == id.generation => Ok(t),
@@ -117,6 +118,7 @@ impl Context {
     }
 
     /// The tensor `id`, mutably, or an error if the id is stale.
+    #[inline]
     pub fn get_mut(&mut self, id: TensorId) -> Result<&mut Tensor, GraphError> {
         match self.tensors.get_mut(id.index as usize) {
             Some(t) if t.generation == id.generation => Ok(t),
@@ -356,6 +358,7 @@ impl Context {
 impl Index<TensorId> for Context {
     type Output = Tensor;
     /// Panics on a stale id; use [`Context::get`] where the id may be stale.
+    #[inline]
     fn index(&self, id: TensorId) -> &Tensor {
         match self.get(id) {
             Ok(t) => t,
@@ -365,6 +368,7 @@ impl Index<TensorId> for Context {
 }
 
 impl IndexMut<TensorId> for Context {
+    #[inline]
     fn index_mut(&mut self, id: TensorId) -> &mut Tensor {
         match self.get_mut(id) {
             Ok(t) => t,

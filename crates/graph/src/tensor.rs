@@ -34,6 +34,7 @@ pub struct TensorId {
 impl TensorId {
     /// The dense index of this tensor in its context (stable while the tensor lives); use it to
     /// key side tables (`Vec` indexed by tensor, like cranelift's `SecondaryMap`).
+    #[inline]
     pub const fn index(self) -> usize {
         self.index as usize
     }
@@ -249,6 +250,7 @@ impl Tensor {
         self.nb
     }
     /// The producing op.
+    #[inline]
     pub fn op(&self) -> Op {
         self.op
     }
@@ -257,6 +259,7 @@ impl Tensor {
         &self.op_params
     }
     /// Flags.
+    #[inline]
     pub fn flags(&self) -> TensorFlags {
         self.flags
     }
@@ -265,6 +268,7 @@ impl Tensor {
         self.src[i]
     }
     /// All source slots.
+    #[inline]
     pub fn srcs(&self) -> &[Option<TensorId>; MAX_SRC] {
         &self.src
     }
@@ -273,11 +277,13 @@ impl Tensor {
     /// inside it stay `None`). A fast path for allocators and schedulers that walk every
     /// source of every node.
     #[doc(hidden)]
+    #[inline]
     pub fn srcs_used(&self) -> &[Option<TensorId>] {
         debug_assert!(self.src[self.n_src as usize..].iter().all(Option::is_none));
         &self.src[..self.n_src as usize]
     }
     /// The root tensor whose storage this view aliases (never itself a view).
+    #[inline]
     pub fn view_src(&self) -> Option<TensorId> {
         self.view_src
     }
@@ -290,19 +296,23 @@ impl Tensor {
         self.name.as_str()
     }
     /// Where the bytes live, if the tensor is allocated.
+    #[inline]
     pub fn storage(&self) -> Option<&TensorStorage> {
         self.storage.as_ref()
     }
     /// Whether the tensor has storage (ggml: `data != NULL`).
+    #[inline]
     pub fn has_storage(&self) -> bool {
         self.storage.is_some()
     }
     /// Set or clear where the bytes live. This is the allocators' hook (`backend-core`'s
     /// `tensor_alloc` and `view_init` call it after their checks); prefer those.
+    #[inline]
     pub fn set_storage(&mut self, storage: Option<TensorStorage>) {
         self.storage = storage;
     }
     /// Whether this tensor is a storage view (`view_src` is set): view ops, CPY and in-place ops.
+    #[inline]
     pub fn is_view(&self) -> bool {
         self.view_src.is_some()
     }
@@ -332,6 +342,7 @@ impl Tensor {
 
     /// Bytes spanned by the tensor (`ggml_nbytes`): address of the last element plus its size,
     /// so it is right for permuted, transposed and padded strides. 0 when any extent is 0.
+    #[inline]
     pub fn nbytes(&self) -> usize {
         debug_assert_eq!(
             self.nbytes,
