@@ -142,6 +142,7 @@ impl BufferType {
     }
 
     /// Bytes `tensor` needs here, never less than its `nbytes`.
+    #[inline]
     pub fn alloc_size(&self, tensor: &Tensor) -> usize {
         self.0.alloc_size(tensor).max(tensor.nbytes())
     }
@@ -244,6 +245,7 @@ pub struct BufferShared {
 }
 
 impl BufferShared {
+    #[inline]
     pub(crate) fn implementation(&self) -> Option<&dyn BufferImpl> {
         match &self.contents {
             Contents::Single(Some(b)) => Some(&**b),
@@ -375,6 +377,7 @@ impl Buffer {
     }
 
     /// Whether this is a multi-buffer.
+    #[inline]
     pub fn is_multi(&self) -> bool {
         matches!(self.0.contents, Contents::Multi(_))
     }
@@ -388,6 +391,7 @@ impl Buffer {
     }
 
     /// The implementation (`None` for size-0 and multi buffers).
+    #[inline]
     pub fn implementation(&self) -> Option<&dyn BufferImpl> {
         self.0.implementation()
     }
@@ -427,6 +431,7 @@ impl Buffer {
     }
 
     /// Size in bytes.
+    #[inline]
     pub fn size(&self) -> usize {
         self.0.size
     }
@@ -493,6 +498,7 @@ impl Buffer {
     }
 
     /// This buffer as a tensor storage reference at `offset`.
+    #[inline]
     pub fn storage_at(&self, offset: usize) -> graph::TensorStorage {
         graph::TensorStorage {
             buffer: self.0.clone(),

@@ -292,19 +292,27 @@ pub fn view_init(ctx: &mut Context, tensor: TensorId) -> Result<()> {
         return Err(BackendError::AlreadyAllocated(tensor));
     }
     let offs = t.view_offs();
-    let rs: TensorStorage = ctx
+    let rs = ctx
         .get(root)?
         .storage()
-        .cloned()
         .ok_or(BackendError::ViewSourceNotAllocated(tensor))?;
+    // One reference-count increment per view: the new storage's. The buffer's hook is
+    // reached through the storage itself instead of through a cloned `Buffer` handle.
     let storage = TensorStorage {
         buffer: rs.buffer.clone(),
         offset: rs.offset + offs,
     };
-    let buffer = Buffer::from_storage(&storage);
-    ctx[tensor].set_storage(Some(storage));
-    match buffer {
-        Some(buf) => init_or_undo(ctx, &buf, tensor),
-        None => Ok(()),
+    let t = &mut ctx[tensor];
+    t.set_storage(Some(storage));
+    let imp = t
+        .storage()
+        .and_then(shared_of)
+        .and_then(BufferShared::implementation);
+    if let Some(b) = imp
+        && let Err(e) = b.init_tensor(t)
+    {
+        t.set_storage(None);
+        return Err(e);
     }
+    Ok(())
 }

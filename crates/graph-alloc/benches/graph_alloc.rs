@@ -68,7 +68,44 @@ fn setup(n_layer: usize) -> Setup {
     }
 }
 
+/// One call of the measured operation, kept out of line so that `valgrind --tool=callgrind
+/// --collect-atstart=no --toggle-collect='*measured_call*'` counts exactly the measured work.
+#[inline(never)]
+fn measured_call(s: &mut Setup, reserve: bool) {
+    if reserve {
+        s.galloc
+            .reserve(&s.ctx, black_box(&s.decode.graph))
+            .unwrap();
+    } else {
+        s.galloc
+            .alloc_graph(&mut s.ctx, black_box(&s.decode.graph))
+            .unwrap();
+    }
+}
+
+/// `GALLOC_INSTR=<reserve|alloc>:<layers>` runs the operation 100 times outside criterion,
+/// for instruction counting under callgrind (instructions per call: total / 100).
+fn instr_mode() -> bool {
+    let Ok(spec) = std::env::var("GALLOC_INSTR") else {
+        return false;
+    };
+    let mut it = spec.split(':');
+    let reserve = it.next() == Some("reserve");
+    let n_layer = it.next().and_then(|v| v.parse().ok()).unwrap_or(32);
+    let mut s = setup(n_layer);
+    for _ in 0..100 {
+        for &t in &s.planned {
+            s.ctx[t].set_storage(None);
+        }
+        measured_call(&mut s, reserve);
+    }
+    true
+}
+
 fn bench(c: &mut Criterion) {
+    if instr_mode() {
+        return;
+    }
     for n_layer in [32, 320] {
         let mut s = setup(n_layer);
         let mut group = c.benchmark_group(format!("llama_decode_{n_layer}_layers"));

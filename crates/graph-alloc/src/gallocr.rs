@@ -277,34 +277,33 @@ impl GraphAllocator {
         for b in self.buffers.iter().flatten() {
             b.reset();
         }
-        for (i, &leaf) in leafs.iter().enumerate() {
-            self.init_tensor(ctx, leaf, self.leaf_slots[i])?;
+        // Placement walks the same positions the check just validated; the slots are read in
+        // place (a node's slot record is 11 slots, too big to copy per node).
+        for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
+            Self::init_tensor(&self.buffers, ctx, leaf, slot)?;
         }
-        for (i, &node) in nodes.iter().enumerate() {
-            let slots = self.node_slots[i];
-            let srcs = *ctx.get(node)?.srcs();
-            for (k, s) in srcs.iter().enumerate() {
+        for (&node, slots) in nodes.iter().zip(&self.node_slots) {
+            let t = ctx.get(node)?;
+            let (srcs, n_src) = (*t.srcs(), t.srcs_used().len());
+            for (s, slot) in srcs[..n_src].iter().zip(&slots.src) {
                 if let Some(s) = *s {
-                    self.init_tensor(ctx, s, slots.src[k])?;
+                    Self::init_tensor(&self.buffers, ctx, s, slot)?;
                 }
             }
-            self.init_tensor(ctx, node, slots.dst)?;
+            Self::init_tensor(&self.buffers, ctx, node, &slots.dst)?;
         }
         Ok(())
     }
 
     // ---- plan validity and application ----
 
-    fn slot_fits(&self, ctx: &Context, id: TensorId, slot: &Slot) -> Result<bool, AllocError> {
-        let t = ctx.get(id)?;
+    fn slot_fits(&self, t: &graph::Tensor, slot: &Slot) -> bool {
         if t.has_storage() || t.is_view() {
-            return Ok(true);
+            return true;
         }
-        let Some(bid) = slot.buffer_id else {
-            // had storage or was a view when planned, needs bytes now
-            return Ok(false);
-        };
-        Ok(slot.size_max >= self.bufts[bid as usize].alloc_size(t))
+        // `None`: had storage or was a view when planned, needs bytes now
+        slot.buffer_id
+            .is_some_and(|bid| slot.size_max >= self.bufts[bid as usize].alloc_size(t))
     }
 
     fn plan_fits(
@@ -316,29 +315,38 @@ impl GraphAllocator {
         if !self.planned || nodes.len() != self.n_nodes || leafs.len() != self.n_leafs {
             return Ok(false);
         }
-        for (i, &node) in nodes.iter().enumerate() {
-            let slots = &self.node_slots[i];
-            if !self.slot_fits(ctx, node, &slots.dst)? {
+        for (&node, slots) in nodes.iter().zip(&self.node_slots) {
+            let t = ctx.get(node)?;
+            if !self.slot_fits(t, &slots.dst) {
                 return Ok(false);
             }
-            let t = ctx.get(node)?;
-            for (k, s) in t.srcs().iter().enumerate() {
+            for (s, slot) in t.srcs_used().iter().zip(&slots.src) {
                 if let Some(s) = *s
-                    && !self.slot_fits(ctx, s, &slots.src[k])?
+                    && !self.slot_fits(ctx.get(s)?, slot)
                 {
                     return Ok(false);
                 }
             }
         }
-        for (i, &leaf) in leafs.iter().enumerate() {
-            if !self.slot_fits(ctx, leaf, &self.leaf_slots[i])? {
+        for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
+            if !self.slot_fits(ctx.get(leaf)?, slot) {
                 return Ok(false);
             }
         }
         Ok(true)
     }
 
-    fn init_tensor(&self, ctx: &mut Context, id: TensorId, slot: Slot) -> Result<(), AllocError> {
+    /// Place one tensor by its slot. The plan check has established what `tensor_alloc`
+    /// would check again (no storage, not a view, `alloc_size <= size_max`); the offset comes
+    /// from the planner, so it is aligned, and `offset + size_max` lies within the buffer
+    /// (asserted cheaply below). So the tensor is placed directly: one reference count
+    /// increment and the buffer's `init_tensor` hook, undone if the hook fails.
+    fn init_tensor(
+        buffers: &[Option<Buffer>],
+        ctx: &mut Context,
+        id: TensorId,
+        slot: &Slot,
+    ) -> Result<(), AllocError> {
         let t = ctx.get(id)?;
         if t.has_storage() {
             return Ok(());
@@ -355,10 +363,27 @@ impl GraphAllocator {
         let Some(bid) = slot.buffer_id else {
             return Err(AllocError::NeedsReserve);
         };
-        let Some(buffer) = &self.buffers[bid as usize] else {
+        let Some(buffer) = &buffers[bid as usize] else {
             return Err(AllocError::NeedsReserve);
         };
-        tensor_alloc(ctx, buffer, id, slot.offset)?;
+        if buffer.is_multi()
+            || slot
+                .offset
+                .checked_add(slot.size_max)
+                .is_none_or(|end| end > buffer.size())
+        {
+            // not a plan of ours; let the checked helper report it
+            tensor_alloc(ctx, buffer, id, slot.offset)?;
+            return Ok(());
+        }
+        let t = &mut ctx[id];
+        t.set_storage(Some(buffer.storage_at(slot.offset)));
+        if let Some(imp) = buffer.implementation()
+            && let Err(e) = imp.init_tensor(t)
+        {
+            t.set_storage(None);
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -419,7 +444,7 @@ impl GraphAllocator {
         for (i, &node) in nodes.iter().enumerate() {
             let dst = self.slot_of(ctx, node)?;
             let mut src = [Slot::NONE; MAX_SRC];
-            for (k, s) in ctx.get(node)?.srcs().iter().enumerate() {
+            for (k, s) in ctx.get(node)?.srcs_used().iter().enumerate() {
                 if let Some(s) = *s {
                     src[k] = self.slot_of(ctx, s)?;
                 }
@@ -513,7 +538,7 @@ impl GraphAllocator {
             if t.flags().contains(TensorFlags::INPUT) {
                 self.allocate_node(ctx, node, node_id(i))?;
             }
-            for s in t.srcs().iter().flatten() {
+            for s in t.srcs_used().iter().flatten() {
                 self.records.get(*s).n_children += 1;
                 if ctx.get(*s)?.flags().contains(TensorFlags::INPUT) {
                     self.allocate_node(ctx, *s, node_id(i))?;
@@ -524,7 +549,7 @@ impl GraphAllocator {
         // Phase 3: walk the nodes, placing each and freeing parents after their last use.
         for (i, &node) in nodes.iter().enumerate() {
             let b = node_id(i);
-            let srcs = *ctx.get(node)?.srcs();
+            let srcs = ctx.get(node)?.srcs_used();
             for s in srcs.iter().flatten() {
                 self.allocate_node(ctx, *s, b)?;
             }
@@ -564,7 +589,7 @@ impl GraphAllocator {
         rec.allocated = true;
 
         if t.op().can_inplace() {
-            for p in t.srcs().iter().flatten().copied() {
+            for p in t.srcs_used().iter().flatten().copied() {
                 let pt = ctx.get(p)?;
                 let pr = *self.records.get(p);
                 if !pr.allocated || pr.output_view || pt.flags().contains(TensorFlags::OUTPUT) {

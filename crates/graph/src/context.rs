@@ -109,6 +109,7 @@ impl Context {
     }
 
     /// The tensor `id`, or an error if the id is stale.
+    #[inline]
     pub fn get(&self, id: TensorId) -> Result<&Tensor, GraphError> {
         match self.tensors.get(id.index as usize) {
             Some(t) if t.generation == id.generation => Ok(t),
@@ -117,6 +118,7 @@ impl Context {
     }
 
     /// The tensor `id`, mutably, or an error if the id is stale.
+    #[inline]
     pub fn get_mut(&mut self, id: TensorId) -> Result<&mut Tensor, GraphError> {
         match self.tensors.get_mut(id.index as usize) {
             Some(t) if t.generation == id.generation => Ok(t),
@@ -172,7 +174,9 @@ impl Context {
         if let Some(s) = src {
             self.get(s)?;
         }
-        self.get_mut(id)?.src[slot] = src;
+        let t = self.get_mut(id)?;
+        t.src[slot] = src;
+        t.refresh_n_src();
         Ok(())
     }
 
@@ -270,14 +274,17 @@ impl Context {
             ne: ne_in.to_vec(),
             why: "arena holds 2^32 tensors",
         })?;
+        let nb = contiguous_strides(ty, ne);
         self.tensors.push(Tensor {
             ty,
             ne,
-            nb: contiguous_strides(ty, ne),
+            nb,
+            nbytes: crate::tensor::nbytes(ty, ne, nb),
             op: Op::None,
             op_params: OpParams::default(),
             flags: TensorFlags::NONE,
             src: [None; MAX_SRC],
+            n_src: 0,
             view_src,
             view_offs,
             name: TensorName::EMPTY,
@@ -343,6 +350,7 @@ impl Context {
         };
         let id = self.new_impl(ty, &ne, None)?;
         self.tensors[id.index()].nb = nb;
+        self.tensors[id.index()].refresh_nbytes();
         Ok(id)
     }
 }
@@ -350,6 +358,7 @@ impl Context {
 impl Index<TensorId> for Context {
     type Output = Tensor;
     /// Panics on a stale id; use [`Context::get`] where the id may be stale.
+    #[inline]
     fn index(&self, id: TensorId) -> &Tensor {
         match self.get(id) {
             Ok(t) => t,
@@ -359,6 +368,7 @@ impl Index<TensorId> for Context {
 }
 
 impl IndexMut<TensorId> for Context {
+    #[inline]
     fn index_mut(&mut self, id: TensorId) -> &mut Tensor {
         match self.get_mut(id) {
             Ok(t) => t,

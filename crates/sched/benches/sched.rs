@@ -164,7 +164,41 @@ fn bench_case(c: &mut Criterion, name: &str, n_layer: usize, n_gpu: Option<usize
     g.finish();
 }
 
+/// One call of `f`, kept out of line so that `valgrind --tool=callgrind --collect-atstart=no
+/// --toggle-collect='*measured_call*'` counts exactly the measured work.
+#[inline(never)]
+fn measured_call(s: &mut Setup, f: Op) {
+    f(s)
+}
+
+/// `SCHED_INSTR=<op>:<layers>[:<gpu layers>]` (op: alloc, split, reserve) runs the op 100 times
+/// outside criterion, for instruction counting under callgrind; instructions per call are
+/// the collected total divided by 100.
+fn instr_mode() -> bool {
+    let Ok(spec) = std::env::var("SCHED_INSTR") else {
+        return false;
+    };
+    let mut it = spec.split(':');
+    let op: Op = match it.next() {
+        Some("alloc") => Setup::alloc,
+        Some("split") => Setup::split,
+        Some("reserve") => Setup::reserve,
+        other => panic!("unknown op {other:?}"),
+    };
+    let n_layer = it.next().and_then(|v| v.parse().ok()).unwrap_or(32);
+    let n_gpu = it.next().and_then(|v| v.parse().ok());
+    let mut s = Setup::new(n_layer, n_gpu);
+    for _ in 0..100 {
+        s.fresh();
+        measured_call(&mut s, op);
+    }
+    true
+}
+
 fn benches(c: &mut Criterion) {
+    if instr_mode() {
+        return;
+    }
     bench_case(c, "llama32/cpu", 32, None);
     bench_case(c, "llama32/gpu16+cpu", 32, Some(16));
     bench_case(c, "llama32/gpu33+cpu", 32, Some(33));

@@ -630,7 +630,7 @@ impl Scheduler {
             return Ok((self.backends.len() as i32 - 1, Cause::Input));
         }
         let last = self.backends.len() as i32 - 1;
-        for (i, s) in t.srcs().iter().enumerate() {
+        for (i, s) in t.srcs_used().iter().enumerate() {
             let Some(s) = *s else { continue };
             if t.op() == Op::Rope {
                 continue;
@@ -810,7 +810,7 @@ impl Scheduler {
         // nodes to a higher-priority backend with the same buffer type
         for &node in &compute_nodes {
             let t = ctx.get(node)?;
-            let srcs = *t.srcs();
+            let srcs = t.srcs_used();
             let b = self.bid(node);
             if b == -1 {
                 let mut best = -1i32;
@@ -854,7 +854,7 @@ impl Scheduler {
         // pass 4: sources and views without a backend follow their root or their consumer
         for &node in nodes {
             let t = ctx.get(node)?;
-            let srcs = *t.srcs();
+            let srcs = t.srcs_used();
             let vs = t.view_src();
             if let Some(vs) = vs
                 && self.bid(node) == -1
@@ -965,7 +965,9 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
+            let n_src = t.srcs_used().len();
             let srcs = *t.srcs();
+            let srcs = &srcs[..n_src];
             let nb = self.bid(node);
             if nb < 0 {
                 return Err(SchedError::NoBackendForOp {
