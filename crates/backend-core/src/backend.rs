@@ -23,7 +23,11 @@ pub enum ComputeStatus {
     Aborted,
 }
 
-/// A backend's precomputed plan for one graph (`ggml_backend_graph_plan_t`).
+/// A backend's precomputed plan for one graph (`ggml_backend_graph_plan_t`): whatever the
+/// backend wants to prepare once and reuse for many computes of graphs of the same shape
+/// (thread pools, work buffers, captured command lists). Freed by dropping it. The backend
+/// that made it gets its own type back by upcasting to `dyn Any` and downcasting:
+/// `(plan as &mut dyn Any).downcast_mut::<MyPlan>()`.
 pub trait GraphPlan: Send + Any {}
 
 /// What a backend crate implements per stream (`ggml_backend_i`).
@@ -203,6 +207,11 @@ impl Backend {
         graph: GraphView<'_>,
     ) -> Result<()> {
         self.0.graph_plan_update(plan, ctx, graph)
+    }
+    /// Free a plan (`ggml_backend_graph_plan_free`). Dropping the box does the same; this
+    /// exists so code ported from ggml reads the same.
+    pub fn graph_plan_free(&self, plan: Box<dyn GraphPlan>) {
+        drop(plan);
     }
     /// Compute a plan.
     pub fn graph_plan_compute(

@@ -4,6 +4,24 @@
 //! cheap-to-clone handles [`BufferType`] and [`Buffer`]. A buffer frees itself when the last
 //! handle and the last tensor pointing into it are gone (tensors hold it through
 //! [`graph::TensorStorage`]), so memory is released exactly once and never while in use.
+//!
+//! # Access ordering
+//!
+//! Buffers are shared (`Arc`) and written through `&self`, like GPU buffers. Two rules keep
+//! that sound:
+//!
+//! * every access through this crate's checked helpers ([`crate::tensor_set`],
+//!   [`crate::tensor_get`], [`crate::tensor_memset`], [`crate::tensor_copy`],
+//!   [`Buffer::clear`]) takes the buffer's access lock — shared for reads, exclusive for
+//!   writes — so safe code can never race on a buffer's bytes, whatever threads do;
+//! * code that touches the bytes through [`Buffer::host_ptr`] (compute kernels, always
+//!   `unsafe`) must either hold [`Buffer::lock_read`] / [`Buffer::lock_write`] for as long as it
+//!   reads or writes, or otherwise guarantee that no overlapping access runs at the same time.
+//!   That ordering is the scheduler's and the caller's job (with events across backends), as in
+//!   every GPU API. Locks are taken in buffer-identity order when two are needed, so copies
+//!   between two buffers in opposite directions cannot deadlock.
+//!
+//! An uncontended lock costs two atomic operations, a few nanoseconds next to the copy itself.
 
 use std::any::Any;
 use std::fmt;
@@ -12,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use graph::{StorageBuffer, Tensor};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::device::Device;
 use crate::error::{BackendError, Result};
@@ -123,6 +142,7 @@ impl BufferType {
     }
 
     /// Bytes `tensor` needs here, never less than its `nbytes`.
+    #[inline]
     pub fn alloc_size(&self, tensor: &Tensor) -> usize {
         self.0.alloc_size(tensor).max(tensor.nbytes())
     }
@@ -186,8 +206,15 @@ pub trait BufferImpl: Send + Sync + 'static {
     fn clear(&self, value: u8) -> Result<()>;
     /// Forget per-tensor state before the allocator re-places tensors.
     fn reset(&self) {}
+    /// Whether the memory may be written. Read-only memory (a read-only file mapping) answers
+    /// `false`, and its `set`/`memset`/`clear`/`cpy_tensor` return
+    /// [`BackendError::ReadOnly`]; the checked helpers also refuse to copy into it.
+    fn is_writable(&self) -> bool {
+        true
+    }
     /// The base address for host memory (`None` for device memory). The pointer is valid for
-    /// the buffer's size as long as the buffer lives.
+    /// the buffer's size as long as the buffer lives; see the module docs for who may
+    /// dereference it and when.
     fn host_ptr(&self) -> Option<NonNull<u8>> {
         None
     }
@@ -214,6 +241,57 @@ pub struct BufferShared {
     buft: BufferType,
     size: usize,
     usage: AtomicU8,
+    access: RwLock<()>,
+}
+
+impl BufferShared {
+    #[inline]
+    pub(crate) fn implementation(&self) -> Option<&dyn BufferImpl> {
+        match &self.contents {
+            Contents::Single(Some(b)) => Some(&**b),
+            _ => None,
+        }
+    }
+    pub(crate) fn name(&self) -> &str {
+        self.buft.name()
+    }
+    pub(crate) fn host_ptr(&self) -> Option<NonNull<u8>> {
+        self.implementation().and_then(|b| b.host_ptr())
+    }
+    pub(crate) fn is_writable(&self) -> bool {
+        self.implementation().is_none_or(|b| b.is_writable())
+    }
+    pub(crate) fn read(&self) -> AccessGuard<'_> {
+        AccessGuard(Guard::Read(self.access.read()))
+    }
+    pub(crate) fn write(&self) -> AccessGuard<'_> {
+        AccessGuard(Guard::Write(self.access.write()))
+    }
+    pub(crate) fn storage_size_checked(&self) -> usize {
+        self.size
+    }
+    pub(crate) fn identity(&self) -> usize {
+        self as *const BufferShared as usize
+    }
+}
+
+/// Holds a buffer's access lock (shared or exclusive) until dropped. See the module docs.
+#[must_use = "the lock is released when the guard is dropped"]
+pub struct AccessGuard<'a>(Guard<'a>);
+
+#[allow(dead_code)] // the guards are held for their `Drop`, never read
+enum Guard<'a> {
+    Read(RwLockReadGuard<'a, ()>),
+    Write(RwLockWriteGuard<'a, ()>),
+}
+
+impl fmt::Debug for AccessGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Guard::Read(_) => f.write_str("AccessGuard(read)"),
+            Guard::Write(_) => f.write_str("AccessGuard(write)"),
+        }
+    }
 }
 
 impl fmt::Debug for BufferShared {
@@ -279,6 +357,7 @@ impl Buffer {
             buft,
             size,
             usage: AtomicU8::new(BufferUsage::Any as u8),
+            access: RwLock::new(()),
         }))
     }
 
@@ -293,10 +372,12 @@ impl Buffer {
             buft,
             size,
             usage: AtomicU8::new(BufferUsage::Any as u8),
+            access: RwLock::new(()),
         })))
     }
 
     /// Whether this is a multi-buffer.
+    #[inline]
     pub fn is_multi(&self) -> bool {
         matches!(self.0.contents, Contents::Multi(_))
     }
@@ -310,11 +391,33 @@ impl Buffer {
     }
 
     /// The implementation (`None` for size-0 and multi buffers).
+    #[inline]
     pub fn implementation(&self) -> Option<&dyn BufferImpl> {
-        match &self.0.contents {
-            Contents::Single(Some(b)) => Some(&**b),
-            _ => None,
-        }
+        self.0.implementation()
+    }
+
+    /// Whether the memory may be written (`false` for read-only host memory such as a
+    /// read-only file mapping; `true` for size-0 and multi buffers).
+    pub fn is_writable(&self) -> bool {
+        self.0.is_writable() && self.parts().iter().all(Buffer::is_writable)
+    }
+
+    /// Take this buffer's access lock shared, for reading its bytes through
+    /// [`Buffer::host_ptr`]. Do not call the checked helpers on this buffer while holding it
+    /// for writing, they would wait for it.
+    pub fn lock_read(&self) -> AccessGuard<'_> {
+        self.0.read()
+    }
+
+    /// Take this buffer's access lock exclusively, for writing its bytes through
+    /// [`Buffer::host_ptr`]. When locking several buffers, lock them in [`Buffer::id`] order.
+    pub fn lock_write(&self) -> AccessGuard<'_> {
+        self.0.write()
+    }
+
+    /// A stable identity (the address of the shared state), for ordering locks and hashing.
+    pub fn id(&self) -> usize {
+        self.0.identity()
     }
 
     /// The buffer type.
@@ -328,6 +431,7 @@ impl Buffer {
     }
 
     /// Size in bytes.
+    #[inline]
     pub fn size(&self) -> usize {
         self.0.size
     }
@@ -368,9 +472,21 @@ impl Buffer {
     /// Fill the whole buffer (every part of a multi-buffer); a no-op for size 0.
     pub fn clear(&self, value: u8) -> Result<()> {
         match &self.0.contents {
-            Contents::Single(Some(b)) => b.clear(value),
+            Contents::Single(Some(b)) => {
+                if !b.is_writable() {
+                    return Err(BackendError::read_only(self.name()));
+                }
+                let _guard = self.0.write();
+                b.clear(value)
+            }
             Contents::Single(None) => Ok(()),
-            Contents::Multi(parts) => parts.iter().try_for_each(|p| p.clear(value)),
+            Contents::Multi(parts) => {
+                // Refuse before touching any part, so a failure leaves every part intact.
+                if let Some(ro) = parts.iter().find(|p| !p.is_writable()) {
+                    return Err(BackendError::read_only(ro.name()));
+                }
+                parts.iter().try_for_each(|p| p.clear(value))
+            }
         }
     }
 
@@ -382,6 +498,7 @@ impl Buffer {
     }
 
     /// This buffer as a tensor storage reference at `offset`.
+    #[inline]
     pub fn storage_at(&self, offset: usize) -> graph::TensorStorage {
         graph::TensorStorage {
             buffer: self.0.clone(),
@@ -401,7 +518,7 @@ impl Buffer {
     }
 }
 
-fn shared_of(storage: &graph::TensorStorage) -> Option<&BufferShared> {
+pub(crate) fn shared_of(storage: &graph::TensorStorage) -> Option<&BufferShared> {
     let any: &dyn Any = &*storage.buffer;
     any.downcast_ref::<BufferShared>()
 }

@@ -1,4 +1,9 @@
 //! The error type shared by every backend.
+//!
+//! Why one type for all backends: the scheduler and engines mix backends from different crates
+//! and must handle their failures uniformly, so a third-party backend returns this type too
+//! (every variant can be built with a constructor, and the enum is `#[non_exhaustive]` so new
+//! failure kinds do not break anyone).
 
 use graph::{GraphError, TensorId};
 
@@ -106,6 +111,21 @@ pub enum BackendError {
         /// The name asked for.
         name: String,
     },
+    /// A write was attempted on memory the backend may only read (e.g. a read-only
+    /// memory-mapped weights file wrapped with [`crate::HostMemory::read_only`]).
+    #[error("{buffer}: buffer is read-only")]
+    ReadOnly {
+        /// Buffer type name.
+        buffer: String,
+    },
+    /// Backend parameters (the text given to `init_backend`) could not be understood.
+    #[error("{backend}: invalid parameters: {message}")]
+    InvalidParams {
+        /// Backend name.
+        backend: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A compute was stopped by its abort callback.
     #[error("computation aborted")]
     Aborted,
@@ -133,6 +153,38 @@ impl BackendError {
         BackendError::Failed {
             backend: backend.into(),
             message: message.into(),
+        }
+    }
+
+    /// A [`BackendError::NotFound`] error.
+    pub fn not_found(what: &'static str, name: impl Into<String>) -> Self {
+        BackendError::NotFound {
+            what,
+            name: name.into(),
+        }
+    }
+
+    /// A [`BackendError::ReadOnly`] error.
+    pub fn read_only(buffer: impl Into<String>) -> Self {
+        BackendError::ReadOnly {
+            buffer: buffer.into(),
+        }
+    }
+
+    /// An [`BackendError::InvalidParams`] error.
+    pub fn invalid_params(backend: impl Into<String>, message: impl Into<String>) -> Self {
+        BackendError::InvalidParams {
+            backend: backend.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An [`BackendError::UnsupportedOp`] error.
+    pub fn unsupported_op(backend: impl Into<String>, op: &'static str, tensor: TensorId) -> Self {
+        BackendError::UnsupportedOp {
+            backend: backend.into(),
+            op,
+            tensor,
         }
     }
 

@@ -7,7 +7,20 @@
 //! * [`Event::synchronize`] blocks the calling thread until the recorded point is reached. An
 //!   event never recorded is already complete.
 //! * [`crate::Backend::event_wait`] makes work queued on the waiting backend *after* the call
-//!   start only once the recorded point is reached; it does not block the caller.
+//!   start only once the recorded point is reached; it does not block the caller. Which
+//!   events a backend can wait for (its own device's, or others') is the backend's choice; it
+//!   answers [`BackendError::Unsupported`] for the others.
+//! * Visibility: once [`Event::synchronize`] returns, or once work ordered after an
+//!   [`crate::Backend::event_wait`] starts, every write made by the work before the record
+//!   point is visible to that reader (host or other backend).
+//! * Events are `Send + Sync` handles; recording and waiting from several threads is allowed,
+//!   and the last record wins.
+//! * A device without events answers [`BackendError::Unsupported`] from
+//!   [`crate::Device::event_new`], and so do a backend's `event_record`/`event_wait` by default.
+//!   A failed call (wrong device, unsupported) changes nothing.
+//!
+//! Why written down: ggml never did (llama.cpp #25319), and the scheduler's pipeline copies
+//! depend on exactly these guarantees.
 
 use std::any::Any;
 use std::fmt;

@@ -15,13 +15,14 @@ mod device;
 mod error;
 mod event;
 mod host;
+mod raw;
 mod registry;
 mod tensor;
 
 pub use backend::{Backend, BackendImpl, ComputeStatus, GraphPlan, Guid};
 pub use buffer::{
-    Buffer, BufferImpl, BufferShared, BufferType, BufferTypeImpl, BufferUsage, storage_buffer_type,
-    storage_usage,
+    AccessGuard, Buffer, BufferImpl, BufferShared, BufferType, BufferTypeImpl, BufferUsage,
+    storage_buffer_type, storage_usage,
 };
 pub use device::{Device, DeviceCaps, DeviceImpl, DeviceProps, DeviceType};
 pub use error::{BackendError, Result};

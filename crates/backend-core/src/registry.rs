@@ -33,9 +33,19 @@ pub trait RegistryImpl: Send + Sync + 'static {
 pub struct Registry(Arc<dyn RegistryImpl>);
 
 impl Registry {
-    /// Wrap an implementation.
+    /// Wrap an implementation. Create it once (e.g. in a `OnceLock`) and clone the handle:
+    /// equality is identity.
     pub fn new(imp: impl RegistryImpl) -> Self {
         Registry(Arc::new(imp))
+    }
+    /// Wrap a shared implementation.
+    pub fn from_arc(imp: Arc<dyn RegistryImpl>) -> Self {
+        Registry(imp)
+    }
+    /// The implementation. Backend-specific entry points are reached through
+    /// [`Registry::extension`] rather than downcasting.
+    pub fn implementation(&self) -> &dyn RegistryImpl {
+        &*self.0
     }
     /// Name.
     pub fn name(&self) -> &str {
@@ -45,11 +55,42 @@ impl Registry {
     pub fn devices(&self) -> Vec<Device> {
         self.0.devices()
     }
-    /// An extension by name.
+    /// An extension by name (`ggml_backend_reg_get_proc_address`); `None` if unknown.
     pub fn extension(&self, name: &str) -> Option<Arc<dyn Any + Send + Sync>> {
         self.0.extension(name)
     }
+    /// An extension by name, downcast to the type the backend documents for it. `None` if the
+    /// name is unknown or the type is not the documented one.
+    ///
+    /// ```
+    /// # use backend_core::*;
+    /// # use std::{any::Any, sync::Arc};
+    /// struct Reg;
+    /// impl RegistryImpl for Reg {
+    ///     fn name(&self) -> &str { "demo" }
+    ///     fn devices(&self) -> Vec<Device> { Vec::new() }
+    ///     fn extension(&self, name: &str) -> Option<Arc<dyn Any + Send + Sync>> {
+    ///         let answer: fn() -> u32 = || 42;
+    ///         (name == "answer").then(|| Arc::new(answer) as Arc<dyn Any + Send + Sync>)
+    ///     }
+    /// }
+    /// let reg = Registry::new(Reg);
+    /// let f = reg.extension_as::<fn() -> u32>("answer").unwrap();
+    /// assert_eq!(f(), 42);
+    /// assert!(reg.extension_as::<String>("answer").is_none());
+    /// assert!(reg.extension("question").is_none());
+    /// ```
+    pub fn extension_as<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
+        self.0.extension(name)?.downcast::<T>().ok()
+    }
 }
+
+impl PartialEq for Registry {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for Registry {}
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -102,6 +143,17 @@ impl GlobalRegistry {
             .cloned()
     }
 
+    /// The registry named `name` (case-insensitive), or [`BackendError::NotFound`].
+    pub fn find_registry(&self, name: &str) -> Result<Registry> {
+        self.registry(name)
+            .ok_or_else(|| BackendError::not_found("registry", name))
+    }
+
+    /// Number of devices over all registries (`ggml_backend_dev_count`).
+    pub fn device_count(&self) -> usize {
+        self.regs.read().iter().map(|r| r.devices().len()).sum()
+    }
+
     /// Every device of every registry, in registration order.
     pub fn devices(&self) -> Vec<Device> {
         self.regs.read().iter().flat_map(|r| r.devices()).collect()
@@ -139,10 +191,30 @@ impl GlobalRegistry {
         self.device_by_name(name)?.init_backend(params)
     }
 
-    /// The best available backend, like ggml's `ggml_backend_init_best`: a GPU if there is
-    /// one, otherwise a CPU.
+    /// The best available backend, like ggml's `ggml_backend_init_best`: the first GPU that
+    /// initialises, otherwise the first CPU. [`BackendError::NotFound`] when there is neither
+    /// (nothing registered yet: call your backend crates' `register()` first).
     pub fn init_best(&self) -> Result<Backend> {
-        self.init_by_type(DeviceType::Gpu, "")
-            .or_else(|_| self.init_by_type(DeviceType::Cpu, ""))
+        self.init_best_of(&[DeviceType::Gpu, DeviceType::Cpu])
+    }
+
+    /// The first device, by the order of `preference` and then registration order, that
+    /// initialises a backend with empty parameters. Failures of earlier candidates are logged
+    /// and skipped; the last failure is returned when none works.
+    pub fn init_best_of(&self, preference: &[DeviceType]) -> Result<Backend> {
+        let devices = self.devices();
+        let mut last = BackendError::not_found("device of type", format!("{preference:?}"));
+        for &ty in preference {
+            for dev in devices.iter().filter(|d| d.device_type() == ty) {
+                match dev.init_backend("") {
+                    Ok(b) => return Ok(b),
+                    Err(e) => {
+                        tracing::warn!(device = dev.name(), error = %e, "backend init failed");
+                        last = e;
+                    }
+                }
+            }
+        }
+        Err(last)
     }
 }

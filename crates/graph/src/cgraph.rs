@@ -3,7 +3,9 @@
 //! Why the order matters: every allocator offset and every scheduler split depends on it, so
 //! `build_forward_expand` reproduces ggml's depth-first post-order over sources in slot order
 //! exactly. The walk is iterative (an explicit stack), so graphs deeper than the thread's stack
-//! are fine, and the visited set is a bitset over tensor indices.
+//! are fine, and the visited set is a direct-address table over tensor indices that also records
+//! each tensor's generation, so a tensor made after a `Context::rewind` in a reused slot is not
+//! mistaken for the one visited before.
 
 use crate::context::Context;
 use crate::error::GraphError;
@@ -37,10 +39,13 @@ pub struct Graph {
     capacity: usize,
     nodes: Vec<TensorId>,
     leafs: Vec<TensorId>,
-    visited: Vec<u64>,
+    /// `generation + 1` of the visited tensor at each index; 0 = not visited.
+    visited: Vec<u32>,
     /// Scratch for the iterative walk, kept to avoid allocating per expand.
     stack: Vec<(TensorId, u8)>,
     added: Vec<TensorId>,
+    /// Tensors given a default name by the current expand, unnamed again if it fails.
+    named: Vec<TensorId>,
 }
 
 /// A read-only window over a range of a graph's nodes (`ggml_graph_view`): what a backend
@@ -80,6 +85,7 @@ impl Graph {
             visited: Vec::new(),
             stack: Vec::new(),
             added: Vec::new(),
+            named: Vec::new(),
         }
     }
 
@@ -136,22 +142,17 @@ impl Graph {
     }
 
     fn is_visited(&self, id: TensorId) -> bool {
-        let i = id.index();
         self.visited
-            .get(i / 64)
-            .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+            .get(id.index())
+            .is_some_and(|&g| g == id.generation.wrapping_add(1))
     }
 
     fn set_visited(&mut self, id: TensorId, on: bool) {
         let i = id.index();
-        if self.visited.len() <= i / 64 {
-            self.visited.resize(i / 64 + 1, 0);
+        if self.visited.len() <= i {
+            self.visited.resize(i + 1, 0);
         }
-        if on {
-            self.visited[i / 64] |= 1u64 << (i % 64);
-        } else {
-            self.visited[i / 64] &= !(1u64 << (i % 64));
-        }
+        self.visited[i] = if on { id.generation.wrapping_add(1) } else { 0 };
     }
 
     /// Whether `id` was reached by an expand (`ggml_hash_contains(visited, t)`).
@@ -162,7 +163,8 @@ impl Graph {
     /// Add `t` and everything it depends on (through `src`, not `view_src`), in ggml's
     /// depth-first post-order over source slots 0..10 (`ggml_build_forward_expand`). Tensors
     /// already in the graph are skipped, so repeated calls accumulate. Unnamed tensors are named
-    /// `leaf_<i>` / `node_<i>`. On error (capacity, stale id) the graph is left as it was.
+    /// `leaf_<i>` / `node_<i>`. On error (capacity, stale id) the graph and the tensors' names
+    /// are left as they were.
     pub fn build_forward_expand(
         &mut self,
         ctx: &mut Context,
@@ -171,8 +173,14 @@ impl Graph {
         ctx.get(t)?;
         let (n0, l0) = (self.nodes.len(), self.leafs.len());
         self.added.clear();
+        self.named.clear();
         let r = self.expand(ctx, t);
         if r.is_err() {
+            for &id in &self.named {
+                if let Ok(t) = ctx.get_mut(id) {
+                    t.name = crate::tensor::TensorName::EMPTY;
+                }
+            }
             for i in 0..self.added.len() {
                 let id = self.added[i];
                 self.set_visited(id, false);
@@ -223,6 +231,7 @@ impl Graph {
             }
             if t.name.is_empty() {
                 t.name = leaf_name("leaf_", self.leafs.len());
+                self.named.push(id);
             }
             self.leafs.push(id);
         } else {
@@ -234,6 +243,7 @@ impl Graph {
             }
             if t.name.is_empty() {
                 t.name = leaf_name("node_", self.nodes.len());
+                self.named.push(id);
             }
             self.nodes.push(id);
         }

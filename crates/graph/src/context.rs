@@ -109,6 +109,7 @@ impl Context {
     }
 
     /// The tensor `id`, or an error if the id is stale.
+    #[inline]
     pub fn get(&self, id: TensorId) -> Result<&Tensor, GraphError> {
         match self.tensors.get(id.index as usize) {
             Some(t) if t.generation == id.generation => Ok(t),
@@ -117,6 +118,7 @@ impl Context {
     }
 
     /// The tensor `id`, mutably, or an error if the id is stale.
+    #[inline]
     pub fn get_mut(&mut self, id: TensorId) -> Result<&mut Tensor, GraphError> {
         match self.tensors.get_mut(id.index as usize) {
             Some(t) if t.generation == id.generation => Ok(t),
@@ -172,7 +174,9 @@ impl Context {
         if let Some(s) = src {
             self.get(s)?;
         }
-        self.get_mut(id)?.src[slot] = src;
+        let t = self.get_mut(id)?;
+        t.src[slot] = src;
+        t.refresh_n_src();
         Ok(())
     }
 
@@ -212,33 +216,57 @@ impl Context {
                 block: blck as usize,
             });
         }
+        // The contiguous byte size (`row_size * ne1 * ne2 * ne3`). Every prefix of this product
+        // is a default stride, so checking it here keeps `contiguous_strides` and the element
+        // count from overflowing on absurd extents.
+        let data_size = ne[1..]
+            .iter()
+            .try_fold(
+                ty.type_size().checked_mul(ne[0] as usize / ty.block_size()),
+                |acc, &n| acc.map(|a| a.checked_mul(n as usize)),
+            )
+            .flatten();
+        let nelements_fit = ne
+            .iter()
+            .try_fold(1i64, |acc, &n| acc.checked_mul(n))
+            .is_some();
+        let Some(data_size) = data_size.filter(|_| nelements_fit) else {
+            return Err(GraphError::InvalidShape {
+                ne: ne_in.to_vec(),
+                why: "byte size or element count overflows",
+            });
+        };
         let mut view_src = None;
         let mut view_offs = 0usize;
         let mut storage = None;
         if let Some((src, offs)) = view {
             let s = self.check(src)?;
             let (root, offs) = match s.view_src {
-                Some(r) => (r, offs + s.view_offs),
-                None => (src, offs),
+                Some(r) => (r, offs.checked_add(s.view_offs)),
+                None => (src, Some(offs)),
             };
             let r = self.check(root)?;
-            let data_size = ty
-                .row_size(ne[0] as usize)
-                .saturating_mul(ne[1] as usize)
-                .saturating_mul(ne[2] as usize)
-                .saturating_mul(ne[3] as usize);
             let src_size = r.nbytes();
+            let out_of_range = GraphError::ViewOutOfRange {
+                size: data_size,
+                offset: offs.unwrap_or(usize::MAX),
+                src_size,
+            };
+            // ggml skips the check for an empty view; an offset that does not fit in usize is
+            // out of range even then.
+            let Some(offs) = offs else {
+                return Err(out_of_range);
+            };
             if data_size != 0 && data_size.saturating_add(offs) > src_size {
-                return Err(GraphError::ViewOutOfRange {
-                    size: data_size,
-                    offset: offs,
-                    src_size,
-                });
+                return Err(out_of_range);
             }
-            storage = r.storage.as_ref().map(|st| TensorStorage {
-                buffer: st.buffer.clone(),
-                offset: st.offset + offs,
-            });
+            storage = match &r.storage {
+                Some(st) => Some(TensorStorage {
+                    buffer: st.buffer.clone(),
+                    offset: st.offset.checked_add(offs).ok_or(out_of_range)?,
+                }),
+                None => None,
+            };
             view_src = Some(root);
             view_offs = offs;
         }
@@ -246,14 +274,17 @@ impl Context {
             ne: ne_in.to_vec(),
             why: "arena holds 2^32 tensors",
         })?;
+        let nb = contiguous_strides(ty, ne);
         self.tensors.push(Tensor {
             ty,
             ne,
-            nb: contiguous_strides(ty, ne),
+            nb,
+            nbytes: crate::tensor::nbytes(ty, ne, nb),
             op: Op::None,
             op_params: OpParams::default(),
             flags: TensorFlags::NONE,
             src: [None; MAX_SRC],
+            n_src: 0,
             view_src,
             view_offs,
             name: TensorName::EMPTY,
@@ -319,6 +350,7 @@ impl Context {
         };
         let id = self.new_impl(ty, &ne, None)?;
         self.tensors[id.index()].nb = nb;
+        self.tensors[id.index()].refresh_nbytes();
         Ok(id)
     }
 }
@@ -326,6 +358,7 @@ impl Context {
 impl Index<TensorId> for Context {
     type Output = Tensor;
     /// Panics on a stale id; use [`Context::get`] where the id may be stale.
+    #[inline]
     fn index(&self, id: TensorId) -> &Tensor {
         match self.get(id) {
             Ok(t) => t,
@@ -335,6 +368,7 @@ impl Index<TensorId> for Context {
 }
 
 impl IndexMut<TensorId> for Context {
+    #[inline]
     fn index_mut(&mut self, id: TensorId) -> &mut Tensor {
         match self.get_mut(id) {
             Ok(t) => t,

@@ -54,6 +54,7 @@ impl Context {
         for (slot, s) in t.src.iter_mut().zip(srcs) {
             *slot = *s;
         }
+        t.refresh_n_src();
     }
 
     fn name_from(&mut self, id: TensorId, src: TensorId, suffix: &str) {
@@ -92,6 +93,7 @@ impl Context {
         };
         let id = self.new_impl(ty, &ne, Some((a, 0)))?;
         self[id].nb = nb;
+        self[id].refresh_nbytes();
         self.name_from(id, a, " (view)");
         Ok(id)
     }
@@ -376,6 +378,8 @@ impl Context {
             }
             if tm.ne[0] != ta.ne[0]
                 || tm.ne[1] < ta.ne[1]
+                || tm.ne[2] == 0
+                || tm.ne[3] == 0
                 || ta.ne[2] % tm.ne[2] != 0
                 || ta.ne[3] % tm.ne[3] != 0
             {
@@ -615,6 +619,7 @@ impl Context {
         t.nb[1] = nb1;
         t.nb[2] = nb1 * ne1 as usize;
         t.nb[3] = t.nb[2];
+        t.refresh_nbytes();
         Ok(r)
     }
 
@@ -635,6 +640,7 @@ impl Context {
         t.nb[1] = nb1;
         t.nb[2] = nb2;
         t.nb[3] = nb2 * ne2 as usize;
+        t.refresh_nbytes();
         Ok(r)
     }
 
@@ -657,6 +663,7 @@ impl Context {
         t.nb[1] = nb1;
         t.nb[2] = nb2;
         t.nb[3] = nb3;
+        t.refresh_nbytes();
         Ok(r)
     }
 
@@ -787,6 +794,7 @@ impl Context {
             t.nb[axes[i] as usize] = anb[i];
             t.op_params.set_i32(i, axes[i]);
         }
+        t.refresh_nbytes();
         self.set_op(r, Op::Permute, &[Some(a)]);
         Ok(r)
     }
@@ -799,6 +807,7 @@ impl Context {
         let t = &mut self[r];
         t.ne.swap(0, 1);
         t.nb.swap(0, 1);
+        t.refresh_nbytes();
         t.op_params.set_i32(0, 1);
         t.op_params.set_i32(1, 0);
         self.set_op(r, Op::Transpose, &[Some(a)]);

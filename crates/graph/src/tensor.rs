@@ -34,6 +34,7 @@ pub struct TensorId {
 impl TensorId {
     /// The dense index of this tensor in its context (stable while the tensor lives); use it to
     /// key side tables (`Vec` indexed by tensor, like cranelift's `SecondaryMap`).
+    #[inline]
     pub const fn index(self) -> usize {
         self.index as usize
     }
@@ -198,7 +199,7 @@ impl fmt::Debug for TensorStorage {
 
 /// A tensor's metadata (`struct ggml_tensor` without the data pointer).
 ///
-/// Read it through [`crate::Context::tensor`] or `ctx[id]`; create it with the constructors on
+/// Read it through [`crate::Context::get`] or `ctx[id]`; create it with the constructors on
 /// [`crate::Context`].
 ///
 /// ```
@@ -226,6 +227,13 @@ pub struct Tensor {
     pub(crate) name: TensorName,
     pub(crate) storage: Option<TensorStorage>,
     pub(crate) generation: u32,
+    /// `nbytes(ty, ne, nb)`, kept up to date by every place in this crate that sets the
+    /// layout ([`Tensor::refresh_nbytes`]): allocators ask for it several times per tensor
+    /// per step, and recomputing it was a large share of their time.
+    pub(crate) nbytes: usize,
+    /// One past the last used source slot ([`Tensor::refresh_n_src`] keeps it up to date):
+    /// most nodes use 1–3 of the 10 slots, and graph walkers need not visit the rest.
+    pub(crate) n_src: u8,
 }
 
 impl Tensor {
@@ -242,6 +250,7 @@ impl Tensor {
         self.nb
     }
     /// The producing op.
+    #[inline]
     pub fn op(&self) -> Op {
         self.op
     }
@@ -250,6 +259,7 @@ impl Tensor {
         &self.op_params
     }
     /// Flags.
+    #[inline]
     pub fn flags(&self) -> TensorFlags {
         self.flags
     }
@@ -258,10 +268,22 @@ impl Tensor {
         self.src[i]
     }
     /// All source slots.
+    #[inline]
     pub fn srcs(&self) -> &[Option<TensorId>; MAX_SRC] {
         &self.src
     }
+
+    /// The source slots up to the last used one (a prefix of [`Tensor::srcs`]; empty slots
+    /// inside it stay `None`). A fast path for allocators and schedulers that walk every
+    /// source of every node.
+    #[doc(hidden)]
+    #[inline]
+    pub fn srcs_used(&self) -> &[Option<TensorId>] {
+        debug_assert!(self.src[self.n_src as usize..].iter().all(Option::is_none));
+        &self.src[..self.n_src as usize]
+    }
     /// The root tensor whose storage this view aliases (never itself a view).
+    #[inline]
     pub fn view_src(&self) -> Option<TensorId> {
         self.view_src
     }
@@ -274,19 +296,23 @@ impl Tensor {
         self.name.as_str()
     }
     /// Where the bytes live, if the tensor is allocated.
+    #[inline]
     pub fn storage(&self) -> Option<&TensorStorage> {
         self.storage.as_ref()
     }
     /// Whether the tensor has storage (ggml: `data != NULL`).
+    #[inline]
     pub fn has_storage(&self) -> bool {
         self.storage.is_some()
     }
     /// Set or clear where the bytes live. This is the allocators' hook (`backend-core`'s
     /// `tensor_alloc` and `view_init` call it after their checks); prefer those.
+    #[inline]
     pub fn set_storage(&mut self, storage: Option<TensorStorage>) {
         self.storage = storage;
     }
     /// Whether this tensor is a storage view (`view_src` is set): view ops, CPY and in-place ops.
+    #[inline]
     pub fn is_view(&self) -> bool {
         self.view_src.is_some()
     }
@@ -316,8 +342,28 @@ impl Tensor {
 
     /// Bytes spanned by the tensor (`ggml_nbytes`): address of the last element plus its size,
     /// so it is right for permuted, transposed and padded strides. 0 when any extent is 0.
+    #[inline]
     pub fn nbytes(&self) -> usize {
-        nbytes(self.ty, self.ne, self.nb)
+        debug_assert_eq!(
+            self.nbytes,
+            nbytes(self.ty, self.ne, self.nb),
+            "cached nbytes out of date"
+        );
+        self.nbytes
+    }
+
+    /// Recompute the number of used source slots after a source changed.
+    pub(crate) fn refresh_n_src(&mut self) {
+        self.n_src = self
+            .src
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(0, |i| i + 1) as u8;
+    }
+
+    /// Recompute the cached byte size after the layout changed.
+    pub(crate) fn refresh_nbytes(&mut self) {
+        self.nbytes = nbytes(self.ty, self.ne, self.nb);
     }
 
     /// Bytes of one row of `ne[0]` elements.

@@ -1,1 +1,74 @@
-//! Placeholder: filled by its own issue.
+//! The multi-backend scheduler (ggml's `ggml_backend_sched`), planning-only fixture
+//! backends, and the plan printers.
+//!
+//! Why a scheduler: an engine holds weights in several kinds of memory (GPU, host, mapped
+//! files) and has several backends that can each run some ops. For every compute graph the
+//! [`Scheduler`] decides which backend runs each node, cuts the graph into splits that run on
+//! one backend each, inserts copies of the tensors a split reads from memory its backend
+//! cannot use, allocates compute memory per backend through `graph-alloc`, and runs the
+//! splits, optionally pipelined over several copies of the inputs.
+//!
+//! Why decision-for-decision with the seed: users tune layer offloading against the plans
+//! ggml makes, and the fixtures in `shared/fixtures` pin those plans down. The five
+//! assignment passes, the split rules and the allocation graph are therefore ported rule by
+//! rule (see [`sched`](crate::Scheduler) for the data-structure differences), while the
+//! places where the seed hurts its users are fixed without changing any plan: typed errors
+//! instead of aborts, growing tables instead of fixed capacities, a caller's graph that is
+//! never left rewritten, and a run-time number of pipeline copies.
+//!
+//! * [`Scheduler`]: the scheduler.
+//! * [`fixture`]: graph files (`FORMAT.md`) and backends that honour their capabilities.
+//! * [`Plan`]: the plan-file form of a schedule; [`Scheduler::write_layout`] the
+//!   `GGML_SCHED_DEBUG` layout.
+//! * [`llama`]: a llama-shaped graph-file generator for tests and benchmarks.
+//!
+//! ```
+//! use sched::fixture::GraphFile;
+//! let file = GraphFile::from_json(r#"{
+//!   "graph_size": 64,
+//!   "backends": [{"name": "GPU0", "device_type": "gpu"}, {"name": "CPU", "device_type": "cpu"}],
+//!   "tensors": [
+//!     {"name": "w", "type": "f32", "ne": [8, 8], "buffer": "GPU0"},
+//!     {"name": "x", "type": "f32", "ne": [8, 2], "flags": ["input"]},
+//!     {"name": "y", "op": "MUL_MAT", "src": ["w", "x"]}],
+//!   "expand": ["y"]}"#)?;
+//! let plan = file.plan()?;
+//! assert_eq!(plan.splits[0].backend, "GPU0");
+//! assert_eq!(plan.splits[0].inputs, ["x"]); // the input lives on the CPU and is copied in
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod error;
+pub mod fixture;
+mod galloc;
+pub mod llama;
+mod plan;
+mod print;
+mod sched;
+
+pub use error::SchedError;
+pub use plan::{Plan, PlanSplit, PlanTensor};
+pub use print::fmt_size;
+pub use sched::{
+    Cause, DEFAULT_PARALLEL_COPIES, EvalCallback, MAX_BACKENDS, MAX_SPLIT_INPUTS, Scheduler, Split,
+};
+
+/// Slots of ggml's hash set for at least `min` keys (`ggml_hash_size`): the smallest of
+/// ggml's "prime after a power of two" list that is `>= min`, else `min | 1`. The reference
+/// limits of the scheduler use it.
+///
+/// ```
+/// assert_eq!(sched::hash_size(2048), 2053);
+/// assert_eq!(sched::hash_size(4), 5);
+/// ```
+pub fn hash_size(min: usize) -> usize {
+    const PRIMES: [usize; 32] = [
+        2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771, 65537,
+        131101, 262147, 524309, 1048583, 2097169, 4194319, 8388617, 16777259, 33554467, 67108879,
+        134217757, 268435459, 536870923, 1073741827, 2147483659,
+    ];
+    match PRIMES.iter().find(|&&p| p >= min) {
+        Some(&p) => p,
+        None => min | 1,
+    }
+}

@@ -1,0 +1,31 @@
+//! Remote devices over TCP, wire-compatible with ggml's `rpc-server` (RPC protocol 7.0.0),
+//! and a hardened server of our own.
+//!
+//! Why speak ggml's protocol instead of our own: users who spread a model over machines
+//! already run llama.cpp's `rpc-server` there. The client half of this crate lets them use those
+//! servers from Rust as ordinary [`backend_core::Device`]s, so the scheduler can place layers on
+//! them; the server half ([`Server`], binary `rpc-server`) serves our CPU backend over the same
+//! protocol and cannot be crashed by a bad packet.
+//!
+//! * [`wire`]: framing, commands, `rpc_tensor`, graph serialization (byte-exact with ggml).
+//! * [`mapping`]: our ops and types ↔ protocol 7.0.0 numbers, one table.
+//! * client: [`connect`] / [`add_server`] give one device per remote device; its buffer type,
+//!   buffers and backends send every request through one connection per endpoint.
+//! * server: [`Server`] and [`Session`] (the per-connection state machine, socket-free).
+//!
+//! ```no_run
+//! use backend_rpc::{add_server, RpcConfig};
+//! let devices = add_server("127.0.0.1:50052", &RpcConfig::default())?;
+//! let backend = devices[0].init_backend("")?;
+//! let buffer = devices[0].buffer_type().alloc_buffer(1 << 20)?;
+//! println!("{} with {} bytes remote", backend.name(), buffer.size());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod client;
+pub mod mapping;
+mod server;
+pub mod wire;
+
+pub use client::{RpcConfig, RpcError, add_server, connect, parse_endpoints};
+pub use server::{BackendFactory, Server, ServerConfig, ServerError, ServerHandle, Session};

@@ -1,0 +1,201 @@
+//! Our client against our server serving the CPU backend: graphs computed remotely equal the
+//! local CPU backend bit for bit, and a server killed mid-graph is a prompt client error.
+//!
+//! Both tests skip themselves (with a message) while the CPU backend cannot compute MUL_MAT,
+//! i.e. until the CPU kernels are merged.
+#![allow(clippy::print_stderr)] // a skipped test says so on stderr
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backend_core::{Backend, BufferType, tensor_alloc, tensor_get, tensor_set};
+use backend_rpc::{RpcConfig, Server, ServerConfig, connect};
+use graph::{Context, ElementType, Graph, TensorId, UnaryOp};
+
+fn cfg() -> RpcConfig {
+    RpcConfig {
+        connect_timeout: Duration::from_secs(2),
+        io_timeout: Some(Duration::from_secs(60)),
+    }
+}
+
+fn values(n: usize, seed: u32) -> Vec<u8> {
+    (0..n)
+        .flat_map(|i| {
+            let x =
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0;
+            (x - 0.5).to_le_bytes()
+        })
+        .collect()
+}
+
+/// A graph touching most mappable ops; returns (inputs, output).
+fn build(ctx: &mut Context) -> (Vec<TensorId>, TensorId) {
+    let a = ctx.new_tensor_2d(ElementType::F32, 64, 32).unwrap();
+    let b = ctx.new_tensor_2d(ElementType::F32, 64, 16).unwrap();
+    let c = ctx.new_tensor_2d(ElementType::F32, 32, 16).unwrap();
+    let mm = ctx.mul_mat(a, b).unwrap(); // 32 x 16
+    let s = ctx.unary(mm, UnaryOp::Silu).unwrap();
+    let m = ctx.mul(s, c).unwrap();
+    let n = ctx.rms_norm(m, 1e-5).unwrap();
+    let sm = ctx.soft_max_ext(n, None, 0.5, 0.0).unwrap();
+    let t = ctx.transpose(sm).unwrap();
+    let tc = ctx.cont(t).unwrap();
+    let sc = ctx.scale(tc, 3.0).unwrap();
+    let out = ctx.add(sc, sc).unwrap();
+    ctx.set_output(out).unwrap();
+    (vec![a, b, c], out)
+}
+
+fn run(backend: &Backend, buft: &BufferType) -> Vec<u8> {
+    let mut ctx = Context::new();
+    let (inputs, out) = build(&mut ctx);
+    let mut g = Graph::default();
+    g.build_forward_expand(&mut ctx, out).unwrap();
+    let ids: Vec<TensorId> = ctx.ids().collect();
+    let align = buft.alignment();
+    let mut offs = Vec::new();
+    let mut total = 0usize;
+    for &id in &ids {
+        if ctx[id].is_view() {
+            offs.push(None);
+            continue;
+        }
+        offs.push(Some(total));
+        total += ctx[id].nbytes().div_ceil(align) * align;
+    }
+    let buf = buft.alloc_buffer(total).unwrap();
+    for (&id, off) in ids.iter().zip(&offs) {
+        if let Some(o) = off {
+            tensor_alloc(&mut ctx, &buf, id, *o).unwrap();
+        }
+    }
+    for &id in &ids {
+        if ctx[id].is_view() {
+            backend_core::view_init(&mut ctx, id).unwrap();
+        }
+    }
+    for (k, &i) in inputs.iter().enumerate() {
+        tensor_set(&ctx, i, 0, &values(ctx[i].nelements() as usize, k as u32)).unwrap();
+    }
+    backend.graph_compute(&ctx, g.as_view()).unwrap();
+    let mut res = vec![0u8; ctx[out].nbytes()];
+    tensor_get(&ctx, out, 0, &mut res).unwrap();
+    res
+}
+
+fn cpu_server(config: ServerConfig) -> Arc<Server> {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let dev = backend_cpu::cpu_device();
+    Server::new(dev, Arc::new(backend_cpu::init), config)
+}
+
+/// Whether the local CPU backend computes the ops these tests use.
+fn cpu_computes() -> bool {
+    let mut ctx = Context::new();
+    let (_, out) = build(&mut ctx);
+    let ok = ctx
+        .ids()
+        .all(|id| backend_cpu::cpu_device().supports_op(&ctx, id));
+    if !ok {
+        eprintln!(
+            "skipped: the CPU backend does not compute these ops yet (cpu-kernels not merged)"
+        );
+    }
+    let _ = out;
+    ok
+}
+
+#[test]
+fn remote_graph_equals_local_cpu_bit_for_bit() {
+    if !cpu_computes() {
+        return;
+    }
+    let h = cpu_server(ServerConfig::default())
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let dev = connect(&h.endpoint(), &cfg()).unwrap().remove(0);
+    let remote = run(&dev.init_backend("").unwrap(), &dev.buffer_type());
+    let local = run(
+        &backend_cpu::init().unwrap(),
+        &backend_cpu::cpu_buffer_type(),
+    );
+    assert_eq!(remote.len(), 16 * 32 * 4);
+    assert_eq!(remote, local);
+    assert!(remote.iter().any(|&b| b != 0));
+}
+
+#[test]
+fn server_killed_mid_graph_is_a_prompt_error() {
+    if !cpu_computes() {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--threads",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Ready when the port accepts.
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(&endpoint).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dev = connect(&endpoint, &cfg()).unwrap().remove(0);
+    let backend = dev.init_backend("").unwrap();
+    // A graph that takes a while: 30 chained 1024x1024 matmuls (64 GFLOP).
+    let mut ctx = Context::new();
+    const N: i64 = 1024;
+    let w = ctx.new_tensor_2d(ElementType::F32, N, N).unwrap();
+    let mut x = ctx.new_tensor_2d(ElementType::F32, N, N).unwrap();
+    for _ in 0..30 {
+        x = ctx.mul_mat(w, x).unwrap();
+    }
+    let mut g = Graph::default();
+    g.build_forward_expand(&mut ctx, x).unwrap();
+    let sz = (N * N * 4) as usize;
+    let buf = dev.buffer_type().alloc_buffer(32 * sz).unwrap();
+    for (i, id) in ctx.ids().collect::<Vec<_>>().into_iter().enumerate() {
+        tensor_alloc(&mut ctx, &buf, id, i * sz).unwrap();
+    }
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        Instant::now()
+    });
+    let res = backend.graph_compute(&ctx, g.as_view());
+    let done = Instant::now();
+    let killed_at = killer.join().unwrap();
+    let e = res.expect_err("the server died");
+    assert!(e.to_string().contains("connection"), "{e}");
+    assert!(
+        done.saturating_duration_since(killed_at) < Duration::from_secs(2),
+        "error came {:?} after the kill",
+        done.saturating_duration_since(killed_at)
+    );
+    // Other backends are unaffected.
+    let r = run(
+        &backend_cpu::init().unwrap(),
+        &backend_cpu::cpu_buffer_type(),
+    );
+    assert_eq!(r.len(), 16 * 32 * 4);
+}

@@ -1,0 +1,258 @@
+//! Robustness: random and mutated messages fed to the server's per-connection decoder.
+//!
+//! Every case runs a fresh [`Session`] through a script of messages exactly as the socket loop
+//! would (header check, then the payload) and stops at the first refused message (where the
+//! server closes the connection). Passing means: no panic, every refusal a typed error, and no
+//! allocation beyond the configured limits (the limits below are small, and a response is
+//! never larger than a buffer).
+//!
+//! `cargo test` runs 2,000 cases; CI runs 10^5 with `RPC_FUZZ_CASES=100000`; for long runs set
+//! it to 10^7 and expect about a minute per 10^6 cases on one core.
+
+mod common;
+
+use backend_rpc::wire::{Command, GraphMessage, RpcTensor};
+use backend_rpc::{ServerConfig, Session};
+use proptest::prelude::*;
+
+const BASE: u64 = 1 << 40;
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        max_buffer_size: 1 << 16,
+        max_client_memory: 1 << 18,
+        max_set_size: 1 << 16,
+        max_graph_nodes: 64,
+        max_graph_tensors: 256,
+        max_clients: 4,
+        idle_timeout: None,
+    }
+}
+
+fn leaf(id: u64, offset: u64) -> RpcTensor {
+    RpcTensor {
+        id,
+        ty: 0,
+        buffer: 1,
+        ne: [4, 1, 1, 1],
+        nb: [4, 16, 16, 16],
+        data: BASE + offset,
+        ..Default::default()
+    }
+}
+
+/// Well-formed messages (after HELLO + ALLOC_BUFFER(4096) the buffer is handle 1 at BASE).
+fn templates() -> Vec<(u8, Vec<u8>)> {
+    let mut v = Vec::new();
+    let mut alloc = 0u32.to_le_bytes().to_vec();
+    alloc.extend_from_slice(&4096u64.to_le_bytes());
+    v.push((Command::AllocBuffer as u8, alloc));
+    v.push((Command::BufferGetBase as u8, 1u64.to_le_bytes().to_vec()));
+    let mut set = Vec::new();
+    leaf(1, 0).encode(&mut set);
+    set.push(0);
+    set.extend_from_slice(&0u64.to_le_bytes());
+    set.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+    v.push((Command::SetTensor as u8, set));
+    let mut get = Vec::new();
+    leaf(1, 0).encode(&mut get);
+    get.extend_from_slice(&0u64.to_le_bytes());
+    get.extend_from_slice(&16u64.to_le_bytes());
+    v.push((Command::GetTensor as u8, get.clone()));
+    v.push((Command::SetTensorHash as u8, get));
+    let mut memset = Vec::new();
+    leaf(1, 32).encode(&mut memset);
+    memset.extend_from_slice(&4u64.to_le_bytes());
+    memset.extend_from_slice(&8u64.to_le_bytes());
+    memset.push(0x5a);
+    v.push((Command::MemsetTensor as u8, memset));
+    let mut copy = Vec::new();
+    leaf(1, 0).encode(&mut copy);
+    leaf(2, 64).encode(&mut copy);
+    v.push((Command::CopyTensor as u8, copy));
+    let mut init = Vec::new();
+    leaf(1, 0).encode(&mut init);
+    v.push((Command::InitTensor as u8, init));
+    let mut alloc_size = 0u32.to_le_bytes().to_vec();
+    leaf(1, 0).encode(&mut alloc_size);
+    for _ in 0..10 {
+        RpcTensor::default().encode(&mut alloc_size);
+    }
+    v.push((Command::GetAllocSize as u8, alloc_size));
+    let mut out = leaf(3, 64);
+    out.op = 2;
+    out.flags = 18;
+    out.src[0] = 1;
+    out.src[1] = 2;
+    let mut mm = leaf(4, 128);
+    mm.op = 29;
+    mm.src[0] = 1;
+    mm.src[1] = 3;
+    mm.ne = [1, 1, 1, 1];
+    let g = GraphMessage {
+        device: 0,
+        nodes: vec![3, 4],
+        tensors: vec![leaf(1, 0), leaf(2, 32), out, mm],
+    };
+    v.push((Command::GraphCompute as u8, g.encode()));
+    v.push((Command::GraphRecompute as u8, 0u32.to_le_bytes().to_vec()));
+    v.push((Command::GetDeviceMemory as u8, 0u32.to_le_bytes().to_vec()));
+    v.push((Command::GetAlignment as u8, 0u32.to_le_bytes().to_vec()));
+    v.push((Command::GetMaxSize as u8, 0u32.to_le_bytes().to_vec()));
+    v.push((Command::DeviceCount as u8, Vec::new()));
+    v.push((
+        Command::BufferClear as u8,
+        [1u8, 0, 0, 0, 0, 0, 0, 0, 7].to_vec(),
+    ));
+    v.push((Command::FreeBuffer as u8, 1u64.to_le_bytes().to_vec()));
+    v
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip { at: usize, xor: u8 },
+    Word { at: usize, value: u64, width: u8 },
+    Truncate(usize),
+    Extend(Vec<u8>),
+}
+
+const INTERESTING: [u64; 10] = [
+    0,
+    1,
+    4,
+    0x7fff_ffff,
+    0xffff_ffff,
+    1 << 32,
+    BASE,
+    BASE + 4096,
+    u64::MAX,
+    u64::MAX - 7,
+];
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 1u8..=255).prop_map(|(at, xor)| Mutation::Flip { at, xor }),
+        (
+            any::<usize>(),
+            prop::sample::select(&INTERESTING[..]),
+            prop_oneof![Just(4u8), Just(8u8)]
+        )
+            .prop_map(|(at, value, width)| Mutation::Word { at, value, width }),
+        any::<usize>().prop_map(Mutation::Truncate),
+        prop::collection::vec(any::<u8>(), 0..16).prop_map(Mutation::Extend),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Msg {
+    /// Template `i` with mutations; `cmd_override` replaces the command byte.
+    Mutated {
+        i: usize,
+        muts: Vec<Mutation>,
+        cmd_override: Option<u8>,
+    },
+    /// Arbitrary bytes under an arbitrary command.
+    Random { cmd: u8, payload: Vec<u8> },
+}
+
+fn msg() -> impl Strategy<Value = Msg> {
+    prop_oneof![
+        6 => (any::<usize>(), prop::collection::vec(mutation(), 0..4), prop::option::weighted(0.05, any::<u8>()))
+            .prop_map(|(i, muts, cmd_override)| Msg::Mutated { i, muts, cmd_override }),
+        1 => (0u8..24, prop::collection::vec(any::<u8>(), 0..700))
+            .prop_map(|(cmd, payload)| Msg::Random { cmd, payload }),
+    ]
+}
+
+fn apply(mut p: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
+    for m in muts {
+        match m {
+            Mutation::Flip { at, xor } if !p.is_empty() => {
+                let n = p.len();
+                p[at % n] ^= xor;
+            }
+            Mutation::Word { at, value, width } if p.len() >= *width as usize => {
+                let w = *width as usize;
+                let at = at % (p.len() - w + 1);
+                p[at..at + w].copy_from_slice(&value.to_le_bytes()[..w]);
+            }
+            Mutation::Truncate(n) if !p.is_empty() => {
+                let n = n % p.len();
+                p.truncate(n);
+            }
+            Mutation::Extend(b) => p.extend_from_slice(b),
+            _ => {}
+        }
+    }
+    p
+}
+
+/// Run one script; returns how many messages were accepted.
+fn run(session: &mut Session, script: &[(u8, Vec<u8>)]) -> usize {
+    for (n, (cmd, payload)) in script.iter().enumerate() {
+        // What the socket loop does: the header first, then the payload.
+        if session.check_header(*cmd, payload.len() as u64).is_err() {
+            return n;
+        }
+        match session.handle(*cmd, payload) {
+            Ok(Some(resp)) => {
+                assert!(resp.len() <= 1 << 16, "response of {} bytes", resp.len());
+                if let Some(exp) = Command::from_u8(*cmd).and_then(Command::fixed_response_size) {
+                    assert_eq!(resp.len(), exp, "cmd {cmd}");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let _ = e.to_string();
+                return n;
+            }
+        }
+    }
+    script.len()
+}
+
+fn cases() -> u32 {
+    std::env::var("RPC_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn server_decoder_survives_anything(
+        skip_hello in prop::bool::weighted(0.02),
+        msgs in prop::collection::vec(msg(), 1..12),
+    ) {
+        let server = common::fuzz_server(config());
+        let mut session = server.session();
+        let t = templates();
+        let mut script = Vec::new();
+        if !skip_hello {
+            script.push((Command::Hello as u8, vec![0u8; 24]));
+            script.push(t[0].clone()); // a buffer to aim at
+        }
+        for m in msgs {
+            match m {
+                Msg::Mutated { i, muts, cmd_override } => {
+                    let (cmd, p) = &t[i % t.len()];
+                    script.push((cmd_override.unwrap_or(*cmd), apply(p.clone(), &muts)));
+                }
+                Msg::Random { cmd, payload } => script.push((cmd, payload)),
+            }
+        }
+        run(&mut session, &script);
+    }
+}
+
+#[test]
+fn unmutated_templates_are_accepted_up_to_compute() {
+    let server = common::fuzz_server(config());
+    let mut s = server.session();
+    let t = templates();
+    let mut script = vec![(Command::Hello as u8, vec![0u8; 24])];
+    script.extend(t.iter().take(9).cloned());
+    assert_eq!(run(&mut s, &script), script.len());
+}

@@ -1,0 +1,637 @@
+//! The graph allocator (ggml's `gallocr`): plans compute memory for a graph, then applies the
+//! recorded plan to every later graph of the same shape.
+//!
+//! Why plan and apply are separate: planning walks the whole graph with lifetime counting and
+//! a free list; applying only checks that each tensor still fits its recorded slot and places
+//! it. A decode loop builds a fresh graph each step with identical shapes, so after the first
+//! step only the cheap half runs.
+//!
+//! Planning follows ggml exactly (see the crate docs for why): phase 1 places leafs, phase 2
+//! counts consumers and views and places INPUT tensors, phase 3 walks the nodes in order,
+//! placing each (over a dying same-layout parent where the op allows it) and freeing every
+//! parent whose last consumer it was. Two deliberate differences, both only where the
+//! reference produces a wrong plan:
+//!
+//! * a root whose view is flagged OUTPUT is treated like an OUTPUT tensor (never freed, never
+//!   overwritten in place), because otherwise the output view's bytes get reused;
+//! * the validity check on [`GraphAllocator::alloc_graph`] also checks leafs, so a leaf that
+//!   grew or lost its storage since the plan was made triggers a re-plan instead of memory
+//!   corruption.
+
+use backend_core::{Buffer, BufferType, BufferUsage, tensor_alloc, view_init};
+use graph::{Context, Graph, MAX_SRC, Op, TensorFlags, TensorId};
+
+use crate::dyn_alloc::DynAllocator;
+use crate::error::AllocError;
+
+/// Where a tensor was planned: a buffer id, an offset and the size it may grow to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Slot {
+    /// `None` for tensors the plan does not place (views, tensors that had storage).
+    buffer_id: Option<u32>,
+    offset: usize,
+    size_max: usize,
+}
+
+impl Slot {
+    const NONE: Slot = Slot {
+        buffer_id: None,
+        offset: usize::MAX,
+        size_max: 0,
+    };
+}
+
+/// The recorded plan of one node position: the node and each source slot.
+#[derive(Copy, Clone, Debug)]
+struct NodeSlots {
+    dst: Slot,
+    src: [Slot; MAX_SRC],
+}
+
+impl Default for NodeSlots {
+    fn default() -> Self {
+        NodeSlots {
+            dst: Slot::NONE,
+            src: [Slot::NONE; MAX_SRC],
+        }
+    }
+}
+
+/// Planning state of one tensor (ggml's `hash_node`), valid when `epoch` is the current pass.
+#[derive(Copy, Clone, Debug, Default)]
+struct Record {
+    epoch: u32,
+    /// Consumer edges still to run (a node using the tensor twice counts twice).
+    n_children: i32,
+    /// View nodes of this tensor whose consumers have not all run.
+    n_views: i32,
+    buffer_id: u32,
+    offset: usize,
+    /// This pass owns live memory for the tensor.
+    allocated: bool,
+    /// Some view of this tensor is flagged OUTPUT (our fix: protect the root).
+    output_view: bool,
+}
+
+/// Per-tensor records indexed by `TensorId::index`, reset in O(1) by bumping the epoch.
+#[derive(Debug, Default)]
+struct Records {
+    table: Vec<Record>,
+    epoch: u32,
+}
+
+impl Records {
+    fn begin(&mut self, n_tensors: usize) {
+        if self.table.len() < n_tensors {
+            self.table.resize(n_tensors, Record::default());
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.table.iter_mut().for_each(|r| r.epoch = 0);
+            self.epoch = 1;
+        }
+    }
+
+    fn get(&mut self, id: TensorId) -> &mut Record {
+        let epoch = self.epoch;
+        let r = &mut self.table[id.index()];
+        if r.epoch != epoch {
+            *r = Record {
+                epoch,
+                ..Record::default()
+            };
+        }
+        r
+    }
+}
+
+/// The graph allocator (`ggml_gallocr`): one buffer per buffer id, planned per graph.
+///
+/// Buffer ids are positions in the list of buffer types given to [`GraphAllocator::new`];
+/// ids with the identical buffer type share one planner and one buffer (the scheduler gives
+/// each backend an id, and backends with the same memory share a compute buffer). Buffers
+/// only grow.
+///
+/// * [`GraphAllocator::reserve`] / [`GraphAllocator::reserve_n`] plan a graph (all on id 0, or
+///   with a buffer id per node and per leaf) and size the buffers.
+/// * [`GraphAllocator::alloc_graph`] places a graph's tensors by the recorded plan, re-planning
+///   first when the graph does not fit it and there is a single buffer id.
+///
+/// Once the tables have grown to a graph's size, [`GraphAllocator::alloc_graph`] with a valid
+/// plan does not allocate on the heap.
+///
+/// ```
+/// use graph::{Context, ElementType, Graph};
+/// use graph_alloc::{AllocError, GraphAllocator, testing::FakeBufferType};
+///
+/// let buft = FakeBufferType::new("host", 32).into_buffer_type();
+/// let mut ctx = Context::new();
+/// let x = ctx.new_tensor_1d(ElementType::F32, 64)?;
+/// ctx.set_input(x)?;
+/// let a = ctx.cont(x)?;
+/// let b = ctx.cont(a)?;
+/// let mut g = Graph::new(8);
+/// g.build_forward_expand(&mut ctx, b)?;
+///
+/// // two ids with the same buffer type share one buffer
+/// let mut galloc = GraphAllocator::new(&[buft.clone(), buft]);
+/// assert!(matches!(galloc.alloc_graph(&mut ctx, &g), Err(AllocError::NeedsReserve)));
+/// galloc.reserve_n(&ctx, &g, &[0, 1], &[1])?;
+/// galloc.alloc_graph(&mut ctx, &g)?;
+/// assert_eq!((galloc.buffer_size(0), galloc.buffer_size(1)), (512, 0));
+/// assert_eq!(ctx[b].storage().unwrap().offset, 0); // reuses x's bytes, freed after `a`
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct GraphAllocator {
+    bufts: Vec<BufferType>,
+    /// Buffer id → index into `planners` (ids with the same buffer type share one).
+    planner_of: Vec<usize>,
+    planners: Vec<DynAllocator>,
+    buffers: Vec<Option<Buffer>>,
+    records: Records,
+    node_slots: Vec<NodeSlots>,
+    leaf_slots: Vec<Slot>,
+    n_nodes: usize,
+    n_leafs: usize,
+    /// Whether a complete plan with its buffers exists.
+    planned: bool,
+}
+
+impl std::fmt::Debug for GraphAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphAllocator")
+            .field("bufts", &self.bufts)
+            .field("buffers", &self.buffers)
+            .field("n_nodes", &self.n_nodes)
+            .field("n_leafs", &self.n_leafs)
+            .field("planned", &self.planned)
+            .finish()
+    }
+}
+
+impl GraphAllocator {
+    /// An allocator with one buffer id per buffer type (`ggml_gallocr_new_n`). Ids whose
+    /// buffer type is identical to an earlier id's share that id's planner and buffer.
+    pub fn new(bufts: &[BufferType]) -> Self {
+        let mut planner_of = Vec::with_capacity(bufts.len());
+        let mut planners = Vec::new();
+        for (i, b) in bufts.iter().enumerate() {
+            match bufts[..i].iter().position(|e| e == b) {
+                Some(j) => planner_of.push(planner_of[j]),
+                None => {
+                    planner_of.push(planners.len());
+                    planners.push(DynAllocator::new(b.alignment()));
+                }
+            }
+        }
+        GraphAllocator {
+            bufts: bufts.to_vec(),
+            planner_of,
+            planners,
+            buffers: vec![None; bufts.len()],
+            records: Records::default(),
+            node_slots: Vec::new(),
+            leaf_slots: Vec::new(),
+            n_nodes: 0,
+            n_leafs: 0,
+            planned: false,
+        }
+    }
+
+    /// Number of buffer ids.
+    pub fn n_buffers(&self) -> usize {
+        self.bufts.len()
+    }
+
+    /// The buffer type of `buffer_id`.
+    pub fn buffer_type(&self, buffer_id: usize) -> Option<&BufferType> {
+        self.bufts.get(buffer_id)
+    }
+
+    /// Size of `buffer_id`'s buffer (`ggml_gallocr_get_buffer_size`): 0 when it has none, when
+    /// a lower id shares the same buffer (so a sum over ids counts it once), or when the id is
+    /// out of range.
+    pub fn buffer_size(&self, buffer_id: usize) -> usize {
+        let Some(Some(buf)) = self.buffers.get(buffer_id) else {
+            return 0;
+        };
+        if self.buffers[..buffer_id]
+            .iter()
+            .any(|b| b.as_ref() == Some(buf))
+        {
+            return 0;
+        }
+        buf.size()
+    }
+
+    /// The buffer of `buffer_id` (shared ids return the same buffer).
+    pub fn buffer(&self, buffer_id: usize) -> Option<&Buffer> {
+        self.buffers.get(buffer_id).and_then(Option::as_ref)
+    }
+
+    /// Plan `graph` with every node and leaf on buffer id 0 and size the buffers
+    /// (`ggml_gallocr_reserve`).
+    pub fn reserve(&mut self, ctx: &Context, graph: &Graph) -> Result<(), AllocError> {
+        self.reserve_impl(ctx, graph.nodes(), graph.leafs(), None, None)
+    }
+
+    /// Plan `graph` with a buffer id per node and per leaf (positions as in the graph), then
+    /// (re)allocate every buffer that is smaller than the plan needs
+    /// (`ggml_gallocr_reserve_n`).
+    ///
+    /// On error the previous plan is dropped (the next [`GraphAllocator::alloc_graph`]
+    /// re-plans or asks for a reserve) and buffers that were already grown are kept.
+    pub fn reserve_n(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        node_buffer_ids: &[usize],
+        leaf_buffer_ids: &[usize],
+    ) -> Result<(), AllocError> {
+        self.reserve_impl(
+            ctx,
+            graph.nodes(),
+            graph.leafs(),
+            Some(node_buffer_ids),
+            Some(leaf_buffer_ids),
+        )
+    }
+
+    /// Place `graph`'s tensors by the recorded plan (`ggml_gallocr_alloc_graph`).
+    ///
+    /// The plan is kept if the graph has as many nodes and leafs as the reserved one and every
+    /// unplaced tensor still fits its slot (leafs included). Otherwise, with one buffer id the
+    /// graph is re-planned first; with several, [`AllocError::NeedsReserve`] is returned and
+    /// nothing is changed. Tensors that already have storage are left alone; views are given
+    /// their root's storage.
+    pub fn alloc_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<(), AllocError> {
+        let (nodes, leafs) = (graph.nodes(), graph.leafs());
+        if !self.plan_fits(ctx, nodes, leafs)? {
+            if self.bufts.len() != 1 {
+                tracing::debug!("cannot re-plan a graph over several buffers; call reserve_n");
+                return Err(AllocError::NeedsReserve);
+            }
+            tracing::debug!("graph does not fit the plan; re-planning");
+            self.reserve_impl(ctx, nodes, leafs, None, None)?;
+        }
+        for b in self.buffers.iter().flatten() {
+            b.reset();
+        }
+        // Placement walks the same positions the check just validated; the slots are read in
+        // place (a node's slot record is 11 slots, too big to copy per node).
+        for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
+            Self::init_tensor(&self.buffers, ctx, leaf, slot)?;
+        }
+        for (&node, slots) in nodes.iter().zip(&self.node_slots) {
+            let t = ctx.get(node)?;
+            let (srcs, n_src) = (*t.srcs(), t.srcs_used().len());
+            for (s, slot) in srcs[..n_src].iter().zip(&slots.src) {
+                if let Some(s) = *s {
+                    Self::init_tensor(&self.buffers, ctx, s, slot)?;
+                }
+            }
+            Self::init_tensor(&self.buffers, ctx, node, &slots.dst)?;
+        }
+        Ok(())
+    }
+
+    // ---- plan validity and application ----
+
+    fn slot_fits(&self, t: &graph::Tensor, slot: &Slot) -> bool {
+        if t.has_storage() || t.is_view() {
+            return true;
+        }
+        // `None`: had storage or was a view when planned, needs bytes now
+        slot.buffer_id
+            .is_some_and(|bid| slot.size_max >= self.bufts[bid as usize].alloc_size(t))
+    }
+
+    fn plan_fits(
+        &self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        leafs: &[TensorId],
+    ) -> Result<bool, AllocError> {
+        if !self.planned || nodes.len() != self.n_nodes || leafs.len() != self.n_leafs {
+            return Ok(false);
+        }
+        for (&node, slots) in nodes.iter().zip(&self.node_slots) {
+            let t = ctx.get(node)?;
+            if !self.slot_fits(t, &slots.dst) {
+                return Ok(false);
+            }
+            for (s, slot) in t.srcs_used().iter().zip(&slots.src) {
+                if let Some(s) = *s
+                    && !self.slot_fits(ctx.get(s)?, slot)
+                {
+                    return Ok(false);
+                }
+            }
+        }
+        for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
+            if !self.slot_fits(ctx.get(leaf)?, slot) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Place one tensor by its slot. The plan check has established what `tensor_alloc`
+    /// would check again (no storage, not a view, `alloc_size <= size_max`); the offset comes
+    /// from the planner, so it is aligned, and `offset + size_max` lies within the buffer
+    /// (asserted cheaply below). So the tensor is placed directly: one reference count
+    /// increment and the buffer's `init_tensor` hook, undone if the hook fails.
+    fn init_tensor(
+        buffers: &[Option<Buffer>],
+        ctx: &mut Context,
+        id: TensorId,
+        slot: &Slot,
+    ) -> Result<(), AllocError> {
+        let t = ctx.get(id)?;
+        if t.has_storage() {
+            return Ok(());
+        }
+        if let Some(root) = t.view_src() {
+            // A root without storage was placed by someone else (or not at all): leave the
+            // view alone, as the reference does.
+            if ctx.get(root)?.has_storage() {
+                view_init(ctx, id)?;
+            }
+            return Ok(());
+        }
+        // plan_fits guarantees a slot for every unplaced non-view tensor
+        let Some(bid) = slot.buffer_id else {
+            return Err(AllocError::NeedsReserve);
+        };
+        let Some(buffer) = &buffers[bid as usize] else {
+            return Err(AllocError::NeedsReserve);
+        };
+        if buffer.is_multi()
+            || slot
+                .offset
+                .checked_add(slot.size_max)
+                .is_none_or(|end| end > buffer.size())
+        {
+            // not a plan of ours; let the checked helper report it
+            tensor_alloc(ctx, buffer, id, slot.offset)?;
+            return Ok(());
+        }
+        let t = &mut ctx[id];
+        t.set_storage(Some(buffer.storage_at(slot.offset)));
+        if let Some(imp) = buffer.implementation()
+            && let Err(e) = imp.init_tensor(t)
+        {
+            t.set_storage(None);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    // ---- planning ----
+
+    fn check_ids(
+        &self,
+        what: &'static str,
+        n: usize,
+        ids: Option<&[usize]>,
+    ) -> Result<(), AllocError> {
+        let n_buffers = self.bufts.len();
+        match ids {
+            Some(ids) => {
+                if ids.len() != n {
+                    return Err(AllocError::BufferIdCount {
+                        what,
+                        expected: n,
+                        got: ids.len(),
+                    });
+                }
+                if let Some(&id) = ids.iter().find(|&&id| id >= n_buffers) {
+                    return Err(AllocError::BufferIdOutOfRange { id, n_buffers });
+                }
+            }
+            None if n > 0 && n_buffers == 0 => {
+                return Err(AllocError::BufferIdOutOfRange { id: 0, n_buffers });
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn reserve_impl(
+        &mut self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        leafs: &[TensorId],
+        node_ids: Option<&[usize]>,
+        leaf_ids: Option<&[usize]>,
+    ) -> Result<(), AllocError> {
+        self.check_ids("nodes", nodes.len(), node_ids)?;
+        self.check_ids("leafs", leafs.len(), leaf_ids)?;
+        self.planned = false;
+        self.records.begin(ctx.len());
+        for p in &mut self.planners {
+            p.reset();
+        }
+        self.plan(ctx, nodes, leafs, node_ids, leaf_ids)?;
+
+        // Record the plan by position.
+        if self.node_slots.len() < nodes.len() {
+            self.node_slots.resize(nodes.len(), NodeSlots::default());
+        }
+        if self.leaf_slots.len() < leafs.len() {
+            self.leaf_slots.resize(leafs.len(), Slot::NONE);
+        }
+        for (i, &node) in nodes.iter().enumerate() {
+            let dst = self.slot_of(ctx, node)?;
+            let mut src = [Slot::NONE; MAX_SRC];
+            for (k, s) in ctx.get(node)?.srcs_used().iter().enumerate() {
+                if let Some(s) = *s {
+                    src[k] = self.slot_of(ctx, s)?;
+                }
+            }
+            self.node_slots[i] = NodeSlots { dst, src };
+        }
+        for (i, &leaf) in leafs.iter().enumerate() {
+            self.leaf_slots[i] = self.slot_of(ctx, leaf)?;
+        }
+        self.n_nodes = nodes.len();
+        self.n_leafs = leafs.len();
+
+        // Grow the buffers to the high-water marks.
+        for i in 0..self.bufts.len() {
+            let p = self.planner_of[i];
+            if let Some(j) = (0..i).find(|&j| self.planner_of[j] == p) {
+                self.buffers[i] = self.buffers[j].clone();
+            }
+            let cur = self.buffers[i].as_ref().map_or(0, Buffer::size);
+            let new = self.planners[p].max_size();
+            if new > cur || self.buffers[i].is_none() {
+                let buft = &self.bufts[i];
+                tracing::debug!(
+                    buffer_type = buft.name(),
+                    from = cur,
+                    to = new,
+                    "reallocating compute buffer"
+                );
+                // Drop our handle first, like the reference frees before allocating, so the
+                // memory can be reused if no tensor still points into it.
+                self.buffers[i] = None;
+                let buf = buft.alloc_buffer(new).inspect_err(|e| {
+                    tracing::error!(buffer_type = buft.name(), size = new, error = %e,
+                        "failed to allocate compute buffer");
+                })?;
+                buf.set_usage(BufferUsage::Compute);
+                self.buffers[i] = Some(buf);
+            }
+        }
+        self.planned = true;
+        Ok(())
+    }
+
+    fn slot_of(&mut self, ctx: &Context, id: TensorId) -> Result<Slot, AllocError> {
+        let t = ctx.get(id)?;
+        if t.is_view() || t.has_storage() {
+            return Ok(Slot::NONE);
+        }
+        let r = *self.records.get(id);
+        Ok(Slot {
+            buffer_id: Some(r.buffer_id),
+            offset: r.offset,
+            size_max: self.bufts[r.buffer_id as usize].alloc_size(t),
+        })
+    }
+
+    fn plan(
+        &mut self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        leafs: &[TensorId],
+        node_ids: Option<&[usize]>,
+        leaf_ids: Option<&[usize]>,
+    ) -> Result<(), AllocError> {
+        let node_id = |i: usize| node_ids.map_or(0, |ids| ids[i]);
+        let leaf_id = |i: usize| leaf_ids.map_or(0, |ids| ids[i]);
+
+        // Phase 1: leafs.
+        for (i, &leaf) in leafs.iter().enumerate() {
+            let t = ctx.get(leaf)?;
+            if let Some(root) = t.view_src()
+                && t.flags().contains(TensorFlags::OUTPUT)
+            {
+                self.records.get(root).output_view = true;
+            }
+            self.allocate_node(ctx, leaf, leaf_id(i))?;
+        }
+
+        // Phase 2: count consumers and views, place INPUT tensors.
+        for (i, &node) in nodes.iter().enumerate() {
+            let t = ctx.get(node)?;
+            if let Some(root) = t.view_src() {
+                let r = self.records.get(root);
+                if t.op() != Op::None {
+                    r.n_views += 1;
+                }
+                if t.flags().contains(TensorFlags::OUTPUT) {
+                    r.output_view = true;
+                }
+            }
+            if t.flags().contains(TensorFlags::INPUT) {
+                self.allocate_node(ctx, node, node_id(i))?;
+            }
+            for s in t.srcs_used().iter().flatten() {
+                self.records.get(*s).n_children += 1;
+                if ctx.get(*s)?.flags().contains(TensorFlags::INPUT) {
+                    self.allocate_node(ctx, *s, node_id(i))?;
+                }
+            }
+        }
+
+        // Phase 3: walk the nodes, placing each and freeing parents after their last use.
+        for (i, &node) in nodes.iter().enumerate() {
+            let b = node_id(i);
+            let srcs = ctx.get(node)?.srcs_used();
+            for s in srcs.iter().flatten() {
+                self.allocate_node(ctx, *s, b)?;
+            }
+            self.allocate_node(ctx, node, b)?;
+            for &p in srcs.iter().flatten() {
+                let r = self.records.get(p);
+                r.n_children -= 1;
+                if r.n_children != 0 || r.n_views != 0 {
+                    continue;
+                }
+                let allocated = r.allocated;
+                if let Some(root) = ctx.get(p)?.view_src() {
+                    let rr = self.records.get(root);
+                    rr.n_views -= 1;
+                    if rr.n_views == 0 && rr.n_children == 0 && rr.allocated {
+                        self.free_node(ctx, root)?;
+                    }
+                } else if allocated {
+                    self.free_node(ctx, p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn allocate_node(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        buffer_id: usize,
+    ) -> Result<(), AllocError> {
+        let t = ctx.get(id)?;
+        let rec = self.records.get(id);
+        if t.has_storage() || rec.allocated || t.is_view() {
+            return Ok(());
+        }
+        rec.allocated = true;
+
+        if t.op().can_inplace() {
+            for p in t.srcs_used().iter().flatten().copied() {
+                let pt = ctx.get(p)?;
+                let pr = *self.records.get(p);
+                if !pr.allocated || pr.output_view || pt.flags().contains(TensorFlags::OUTPUT) {
+                    continue;
+                }
+                // A view is never "own" (views are never given memory), so the reference's
+                // branch for view parents cannot run; its root-OUTPUT test is kept for form.
+                if let Some(root) = pt.view_src()
+                    && ctx.get(root)?.flags().contains(TensorFlags::OUTPUT)
+                {
+                    continue;
+                }
+                if !pt.same_layout(t) || pr.n_children != 1 || pr.n_views != 0 {
+                    continue;
+                }
+                debug_assert!(!pt.is_view(), "views are never allocated");
+                let r = self.records.get(id);
+                r.buffer_id = pr.buffer_id;
+                r.offset = pr.offset;
+                self.records.get(p).allocated = false;
+                return Ok(());
+            }
+        }
+
+        let size = self.bufts[buffer_id].alloc_size(t);
+        let offset = self.planners[self.planner_of[buffer_id]].alloc(size)?;
+        let r = self.records.get(id);
+        r.buffer_id = buffer_id as u32;
+        r.offset = offset;
+        Ok(())
+    }
+
+    fn free_node(&mut self, ctx: &Context, id: TensorId) -> Result<(), AllocError> {
+        let t = ctx.get(id)?;
+        let r = self.records.get(id);
+        if t.flags().contains(TensorFlags::OUTPUT) || r.output_view {
+            return Ok(());
+        }
+        r.allocated = false;
+        let (bid, offset) = (r.buffer_id as usize, r.offset);
+        let size = self.bufts[bid].alloc_size(t);
+        self.planners[self.planner_of[bid]].free(offset, size);
+        Ok(())
+    }
+}

@@ -1,0 +1,340 @@
+//! Property tests over random graphs: random ops (in-place capable or not, views, in-place API
+//! results, copies into pre-allocated tensors), random shapes, random INPUT/OUTPUT flags, and
+//! one to three buffer ids over buffer types with different alignments and padding, some
+//! shared.
+//!
+//! The plan is checked against lifetimes computed from the graph alone
+//! (`graph_alloc::testing::lifetimes`), never against the allocator's own bookkeeping.
+
+mod common;
+
+use backend_core::BufferType;
+use graph::{Context, ElementType, Graph, TensorFlags, TensorId};
+use graph_alloc::testing::{FakeBufferType, Lifetime, lifetimes, live_bytes_lower_bound};
+use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+#[derive(Clone, Debug)]
+struct Program {
+    leafs: Vec<(usize, bool, bool)>, // (shape index, pre-allocated, INPUT)
+    steps: Vec<(u8, usize, usize, u8)>, // (op, a, b, flag)
+    roots: Vec<usize>,
+    n_bufts: usize,
+    buft_pick: Vec<u8>,
+    ids: Vec<u8>,
+}
+
+const SHAPES: [[i64; 2]; 6] = [[8, 1], [8, 3], [4, 2], [8, 8], [16, 1], [4, 1]];
+
+fn program() -> impl Strategy<Value = Program> {
+    (
+        prop::collection::vec(
+            (0..SHAPES.len(), prop::bool::weighted(0.3), any::<bool>()),
+            1..6,
+        ),
+        prop::collection::vec((0u8..22, any::<usize>(), any::<usize>(), 0u8..12), 1..48),
+        prop::collection::vec(any::<usize>(), 1..4),
+        1usize..4,
+        prop::collection::vec(0u8..3, 3),
+        prop::collection::vec(any::<u8>(), 256),
+    )
+        .prop_map(|(leafs, steps, roots, n_bufts, buft_pick, ids)| Program {
+            leafs,
+            steps,
+            roots,
+            n_bufts,
+            buft_pick,
+            ids,
+        })
+}
+
+struct Built {
+    ctx: Context,
+    graph: Graph,
+    node_ids: Vec<usize>,
+    leaf_ids: Vec<usize>,
+    bufts: Vec<BufferType>,
+}
+
+/// Build the program's graph. Constructors that reject their operands change nothing, so a
+/// rejected step is simply skipped.
+fn build(p: &Program, pool_bufts: &[BufferType; 3]) -> Built {
+    let mut ctx = Context::new();
+    let mut pool: Vec<TensorId> = Vec::new();
+    let mut pre = Vec::new();
+    for &(s, prealloc, input) in &p.leafs {
+        let t = ctx
+            .new_tensor_2d(ElementType::F32, SHAPES[s][0], SHAPES[s][1])
+            .unwrap();
+        if prealloc {
+            pre.push(t);
+        } else if input {
+            ctx.set_input(t).unwrap();
+        }
+        pool.push(t);
+    }
+    if !pre.is_empty() {
+        let w = FakeBufferType::new("weights", 32).into_buffer_type();
+        alloc_ctx_tensors(&mut ctx, pre, &w).unwrap();
+    }
+    for &(op, a, b, flag) in &p.steps {
+        let a = pool[a % pool.len()];
+        let b = pool[b % pool.len()];
+        let r = match op {
+            0 => ctx.add(a, b),
+            1 => ctx.mul(a, b),
+            2 => ctx.sub(a, b),
+            3 => ctx.sqr(a),
+            4 => ctx.sqrt(a),
+            5 => ctx.scale(a, 0.5),
+            6 => ctx.silu(a),
+            7 => ctx.rms_norm(a, 1e-5),
+            8 => ctx.soft_max(a),
+            9 => ctx.cont(a),
+            10 => ctx.dup(a),
+            11 => ctx.mul_mat(a, b),
+            12 => ctx.transpose(a),
+            13 => {
+                let n = ctx[a].nelements();
+                ctx.reshape_1d(a, n)
+            }
+            14 => {
+                let n = ctx[a].ne()[0];
+                ctx.view_1d(a, (n / 2).max(1), 4 * (n as usize / 4))
+            }
+            15 => ctx.permute(a, [1, 0, 2, 3]),
+            16 => ctx.cpy(a, b),
+            17 => ctx.add_inplace(a, b),
+            18 => ctx.mul_inplace(a, b),
+            19 => ctx.scale_inplace(a, 2.0),
+            20 => ctx.sqr_inplace(a),
+            _ => ctx.div(a, b),
+        };
+        let Ok(r) = r else { continue };
+        match flag {
+            0 | 1 => ctx.set_output(r).unwrap(),
+            2 => ctx.set_input(r).unwrap(),
+            _ => {}
+        }
+        pool.push(r);
+    }
+    let mut graph = Graph::new(1024);
+    let n = pool.len();
+    for &r in &p.roots {
+        graph.build_forward_expand(&mut ctx, pool[r % n]).unwrap();
+    }
+    graph.build_forward_expand(&mut ctx, pool[n - 1]).unwrap();
+    let bufts: Vec<BufferType> = (0..p.n_bufts)
+        .map(|i| pool_bufts[p.buft_pick[i] as usize].clone())
+        .collect();
+    let nb = bufts.len();
+    let node_ids = (0..graph.n_nodes())
+        .map(|i| p.ids[i % 256] as usize % nb)
+        .collect();
+    let leaf_ids = (0..graph.n_leafs())
+        .map(|i| p.ids[(i + 128) % 256] as usize % nb)
+        .collect();
+    Built {
+        ctx,
+        graph,
+        node_ids,
+        leaf_ids,
+        bufts,
+    }
+}
+
+fn pool_bufts() -> [BufferType; 3] {
+    [
+        FakeBufferType::new("A32", 32).into_buffer_type(),
+        FakeBufferType::new("B64", 64)
+            .with_extra_alloc_size(16)
+            .into_buffer_type(),
+        FakeBufferType::new("C16", 16).into_buffer_type(),
+    ]
+}
+
+/// Allocate the program's graph and check every property; returns (buffer bytes, lower bound).
+fn check_program(p: &Program) -> Result<(usize, usize), TestCaseError> {
+    let bufts = pool_bufts();
+    let Built {
+        mut ctx,
+        graph,
+        node_ids,
+        leaf_ids,
+        bufts,
+    } = build(p, &bufts);
+    let nodes = graph.nodes().to_vec();
+    let life = lifetimes(&ctx, &nodes, graph.leafs());
+    let mut galloc = GraphAllocator::new(&bufts);
+    galloc
+        .reserve_n(&ctx, &graph, &node_ids, &leaf_ids)
+        .map_err(|e| TestCaseError::fail(format!("reserve_n: {e}")))?;
+    galloc
+        .alloc_graph(&mut ctx, &graph)
+        .map_err(|e| TestCaseError::fail(format!("alloc_graph: {e}")))?;
+
+    // Every tensor that needed bytes has them, aligned, inside one of our buffers.
+    struct Placed {
+        id: TensorId,
+        buf: usize,
+        off: usize,
+        size: usize,
+        life: Lifetime,
+    }
+    let mut placed = Vec::new();
+    for id in ctx.ids() {
+        let Some(l) = life[id.index()] else { continue };
+        let t = &ctx[id];
+        let st = t
+            .storage()
+            .ok_or_else(|| TestCaseError::fail(format!("{id:?} not placed")))?;
+        let buf = (0..galloc.n_buffers())
+            .find(|&b| galloc.buffer(b).is_some_and(|x| x.holds(st)))
+            .ok_or_else(|| TestCaseError::fail(format!("{id:?} outside our buffers")))?;
+        let buffer = galloc.buffer(buf).unwrap();
+        let buft = buffer.buffer_type();
+        let size = buft.alloc_size(t);
+        prop_assert_eq!(st.offset % buft.alignment(), 0, "{:?} misaligned", id);
+        prop_assert!(st.offset + size <= buffer.size(), "{:?} past the end", id);
+        // identify shared buffers by their first id
+        let buf = (0..=buf)
+            .find(|&b| galloc.buffer(b) == Some(buffer))
+            .unwrap();
+        placed.push(Placed {
+            id,
+            buf,
+            off: st.offset,
+            size,
+            life: l,
+        });
+    }
+
+    // Views point into their root.
+    for &n in &nodes {
+        let t = &ctx[n];
+        if let (Some(root), Some(st)) = (t.view_src(), t.storage()) {
+            let rs = ctx[root].storage().unwrap();
+            prop_assert!(rs.same_buffer(st));
+            prop_assert_eq!(st.offset, rs.offset + t.view_offs());
+        }
+    }
+
+    // No two tensors live at the same time share bytes, except a node computed in place over a
+    // same-layout, non-OUTPUT source whose last use it is.
+    let pos = |id: TensorId| nodes.iter().position(|&n| n == id);
+    for (i, a) in placed.iter().enumerate() {
+        for b in &placed[i + 1..] {
+            let time = a.life.first <= b.life.last && b.life.first <= a.life.last;
+            let bytes = a.buf == b.buf && a.off < b.off + b.size && b.off < a.off + a.size;
+            if !(time && bytes) {
+                continue;
+            }
+            let in_place = |p: &Placed, c: &Placed| {
+                let (pt, ct) = (&ctx[p.id], &ctx[c.id]);
+                pos(c.id).is_some_and(|ci| {
+                    ct.op().can_inplace()
+                        && ct.srcs().contains(&Some(p.id))
+                        && pt.same_layout(ct)
+                        && !pt.flags().contains(TensorFlags::OUTPUT)
+                        && p.life.last == ci as isize
+                        && c.life.first == ci as isize
+                        && p.off == c.off
+                })
+            };
+            prop_assert!(
+                in_place(a, b) || in_place(b, a),
+                "{:?} {:?} and {:?} {:?} overlap while both live",
+                a.id,
+                a.life,
+                b.id,
+                b.life
+            );
+        }
+    }
+
+    // Each buffer holds at least the live-bytes lower bound.
+    let (mut total, mut bound) = (0, 0);
+    for b in 0..galloc.n_buffers() {
+        let size = galloc.buffer_size(b);
+        if size == 0 {
+            continue;
+        }
+        let lb = live_bytes_lower_bound(&ctx, &nodes, &life, |id| {
+            placed.iter().find(|p| p.id == id && p.buf == b).map(|p| {
+                let a = galloc.buffer(b).unwrap().alignment();
+                p.size.next_multiple_of(a)
+            })
+        });
+        prop_assert!(
+            size >= lb,
+            "buffer {} of {} bytes below the bound {}",
+            b,
+            size,
+            lb
+        );
+        total += size;
+        bound += lb;
+    }
+
+    // Re-running on the same graph is a no-op, and an identical fresh graph reuses the plan.
+    galloc
+        .alloc_graph(&mut ctx, &graph)
+        .map_err(|e| TestCaseError::fail(format!("second alloc_graph: {e}")))?;
+    let before: Vec<_> = placed.iter().map(|p| (p.id.index(), p.off)).collect();
+    let Built {
+        ctx: mut ctx2,
+        graph: graph2,
+        ..
+    } = build(p, &pool_bufts());
+    galloc
+        .alloc_graph(&mut ctx2, &graph2)
+        .map_err(|e| TestCaseError::fail(format!("alloc_graph on a copy: {e}")))?;
+    for (index, o) in before {
+        let id = ctx2.id_at(index).unwrap();
+        prop_assert_eq!(ctx2[id].storage().map(|s| s.offset), Some(o));
+    }
+    Ok((total, bound))
+}
+
+proptest! {
+    #![proptest_config(Config { cases: if cfg!(miri) { 4 } else { 512 }, ..Config::default() })]
+
+    #[test]
+    fn random_graphs_plan_soundly(p in program()) {
+        check_program(&p)?;
+    }
+}
+
+/// How far above the lower bound the plans are, over a fixed set of random graphs.
+#[test]
+#[allow(clippy::print_stderr)]
+fn ratio_to_lower_bound() {
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let strategy = program();
+    let (mut sum_ratio, mut n, mut total, mut bound, mut worst) = (0.0, 0, 0usize, 0usize, 1.0f64);
+    for _ in 0..if cfg!(miri) { 4 } else { 1000 } {
+        let p = strategy.new_tree(&mut runner).unwrap().current();
+        let (t, b) = check_program(&p).unwrap();
+        if b > 0 {
+            let r = t as f64 / b as f64;
+            sum_ratio += r;
+            worst = worst.max(r);
+            n += 1;
+            total += t;
+            bound += b;
+        }
+    }
+    eprintln!(
+        "buffer bytes / live-bytes lower bound over {n} random graphs: mean {:.3}, \
+         worst {:.3}, aggregate {:.3}",
+        sum_ratio / n as f64,
+        worst,
+        total as f64 / bound as f64
+    );
+    assert!(n > 0);
+}

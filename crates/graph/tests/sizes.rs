@@ -1,0 +1,369 @@
+//! Element-type table, row sizes and `nbytes` for every type, contiguous and strided.
+//!
+//! Every expected number below is worked out by hand from the spec
+//! (`../shared/spec/ggml-core-and-alloc.md` §1.2–§1.4), with the arithmetic in a comment;
+//! none is produced by the code under test.
+//!
+//! Rules used (spec §1.3):
+//! * `row_size(T, n) = type_size * n / blck`
+//! * default strides: `nb0 = type_size`, `nb1 = nb0 * ne0 / blck`, `nb2 = nb1 * ne1`,
+//!   `nb3 = nb2 * ne2`
+//! * `nbytes`, blck == 1: `type_size + Σ_{i=0..3} (ne_i - 1) * nb_i`
+//! * `nbytes`, blck > 1:  `ne0 * nb0 / blck + Σ_{i=1..3} (ne_i - 1) * nb_i`
+//! * 0 when any extent is 0.
+
+use graph::{Context, ElementType, GraphError, contiguous_strides, nbytes};
+use proptest::prelude::*;
+
+use ElementType::*;
+
+/// (type, ggml id, name, block size, bytes per block, quantized) — spec §1.4's table.
+const TABLE: [(ElementType, u32, &str, usize, usize, bool); 20] = [
+    (F32, 0, "f32", 1, 4, false),
+    (F16, 1, "f16", 1, 2, false),
+    (Q4_0, 2, "q4_0", 32, 18, true),
+    (Q4_1, 3, "q4_1", 32, 20, true),
+    (Q5_0, 6, "q5_0", 32, 22, true),
+    (Q5_1, 7, "q5_1", 32, 24, true),
+    (Q8_0, 8, "q8_0", 32, 34, true),
+    (Q8_1, 9, "q8_1", 32, 36, true),
+    (Q2_K, 10, "q2_K", 256, 84, true),
+    (Q3_K, 11, "q3_K", 256, 110, true),
+    (Q4_K, 12, "q4_K", 256, 144, true),
+    (Q5_K, 13, "q5_K", 256, 176, true),
+    (Q6_K, 14, "q6_K", 256, 210, true),
+    (Q8_K, 15, "q8_K", 256, 292, true),
+    (I8, 24, "i8", 1, 1, false),
+    (I16, 25, "i16", 1, 2, false),
+    (I32, 26, "i32", 1, 4, false),
+    (I64, 27, "i64", 1, 8, false),
+    (F64, 28, "f64", 1, 8, false),
+    (BF16, 30, "bf16", 1, 2, false),
+];
+
+#[test]
+fn type_table_matches_the_spec() {
+    assert_eq!(ElementType::ALL.len(), TABLE.len());
+    for (ty, id, name, blck, size, quantized) in TABLE {
+        assert_eq!(ty.id(), id, "{name}");
+        assert_eq!(ElementType::from_id(id), Some(ty), "{name}");
+        assert_eq!(ty.name(), name);
+        assert_eq!(ty.to_string(), name);
+        assert_eq!(name.parse::<ElementType>(), Ok(ty));
+        assert_eq!(name.to_uppercase().parse::<ElementType>(), Ok(ty));
+        assert_eq!(ty.block_size(), blck, "{name}");
+        assert_eq!(ty.type_size(), size, "{name}");
+        assert_eq!(ty.is_quantized(), quantized, "{name}");
+    }
+    // Deprecated (4, 5), never-enabled (37, 38) and unknown ids have no type.
+    for id in [4, 5, 16, 29, 31, 37, 38, 1000] {
+        assert_eq!(ElementType::from_id(id), None, "id {id}");
+    }
+    assert!("q4_2".parse::<ElementType>().is_err());
+}
+
+/// `row_size(T, 2 * blck) = size * 2 * blck / blck = 2 * size`, and `row_size(T, 4 * blck) = 4 * size`.
+#[test]
+fn row_size_for_every_type() {
+    let expected: [(ElementType, usize, usize, usize); 20] = [
+        // (type, n, row_size(n), row_size(2n))
+        (F32, 2, 8, 16),        // 4*2, 4*4
+        (F16, 2, 4, 8),         // 2*2, 2*4
+        (Q4_0, 64, 36, 72),     // 18*64/32, 18*128/32
+        (Q4_1, 64, 40, 80),     // 20*2, 20*4
+        (Q5_0, 64, 44, 88),     // 22*2, 22*4
+        (Q5_1, 64, 48, 96),     // 24*2, 24*4
+        (Q8_0, 64, 68, 136),    // 34*2, 34*4
+        (Q8_1, 64, 72, 144),    // 36*2, 36*4
+        (Q2_K, 512, 168, 336),  // 84*512/256, 84*4
+        (Q3_K, 512, 220, 440),  // 110*2, 110*4
+        (Q4_K, 512, 288, 576),  // 144*2, 144*4
+        (Q5_K, 512, 352, 704),  // 176*2, 176*4
+        (Q6_K, 512, 420, 840),  // 210*2, 210*4
+        (Q8_K, 512, 584, 1168), // 292*2, 292*4
+        (I8, 2, 2, 4),          // 1*2, 1*4
+        (I16, 2, 4, 8),         // 2*2, 2*4
+        (I32, 2, 8, 16),        // 4*2, 4*4
+        (I64, 2, 16, 32),       // 8*2, 8*4
+        (F64, 2, 16, 32),       // 8*2, 8*4
+        (BF16, 2, 4, 8),        // 2*2, 2*4
+    ];
+    for (ty, n, r1, r2) in expected {
+        assert_eq!(ty.row_size(n), r1, "{ty}");
+        assert_eq!(ty.row_size(2 * n), r2, "{ty}");
+        assert_eq!(ty.row_size(0), 0, "{ty}");
+    }
+}
+
+/// A contiguous `[2*blck, 3, 2]` tensor of every type.
+///
+/// Strides: `nb = [s, 2s, 6s, 12s]` (nb1 = s * 2blck/blck, nb2 = 2s * 3, nb3 = 6s * 2).
+/// nbytes, block types: `2blck * s / blck + 2 * 2s + 1 * 6s + 0 = 2s + 4s + 6s = 12s`;
+/// plain types (blck = 1, ne0 = 2): `s + 1*s + 2*2s + 1*6s = 12s`. Row size = 2s.
+#[test]
+fn contiguous_nbytes_for_every_type() {
+    let expected: [(ElementType, [usize; 4], usize); 20] = [
+        (F32, [4, 8, 24, 48], 48),            // s = 4
+        (F16, [2, 4, 12, 24], 24),            // s = 2
+        (Q4_0, [18, 36, 108, 216], 216),      // s = 18
+        (Q4_1, [20, 40, 120, 240], 240),      // s = 20
+        (Q5_0, [22, 44, 132, 264], 264),      // s = 22
+        (Q5_1, [24, 48, 144, 288], 288),      // s = 24
+        (Q8_0, [34, 68, 204, 408], 408),      // s = 34
+        (Q8_1, [36, 72, 216, 432], 432),      // s = 36
+        (Q2_K, [84, 168, 504, 1008], 1008),   // s = 84
+        (Q3_K, [110, 220, 660, 1320], 1320),  // s = 110
+        (Q4_K, [144, 288, 864, 1728], 1728),  // s = 144
+        (Q5_K, [176, 352, 1056, 2112], 2112), // s = 176
+        (Q6_K, [210, 420, 1260, 2520], 2520), // s = 210
+        (Q8_K, [292, 584, 1752, 3504], 3504), // s = 292
+        (I8, [1, 2, 6, 12], 12),              // s = 1
+        (I16, [2, 4, 12, 24], 24),            // s = 2
+        (I32, [4, 8, 24, 48], 48),            // s = 4
+        (I64, [8, 16, 48, 96], 96),           // s = 8
+        (F64, [8, 16, 48, 96], 96),           // s = 8
+        (BF16, [2, 4, 12, 24], 24),           // s = 2
+    ];
+    let mut ctx = Context::new();
+    for (ty, nb, bytes) in expected {
+        let ne0 = 2 * ty.block_size() as i64;
+        let t = ctx.new_tensor_3d(ty, ne0, 3, 2).unwrap();
+        assert_eq!(ctx[t].ne(), [ne0, 3, 2, 1], "{ty}");
+        assert_eq!(ctx[t].nb(), nb, "{ty}");
+        assert_eq!(contiguous_strides(ty, [ne0, 3, 2, 1]), nb, "{ty}");
+        assert_eq!(ctx[t].nbytes(), bytes, "{ty}");
+        assert_eq!(nbytes(ty, [ne0, 3, 2, 1], nb), bytes, "{ty}");
+        assert_eq!(ctx[t].row_size(), nb[1], "{ty}");
+        assert_eq!(ctx[t].nelements(), ne0 * 6, "{ty}");
+        assert_eq!(ctx[t].nrows(), 6, "{ty}");
+        assert!(ctx[t].is_contiguous(), "{ty}");
+    }
+}
+
+/// A padded 2-d view of every type: the root is `[4*blck, 3]` (rows of 4s bytes), the view keeps
+/// the first half of each row: `ne = [2*blck, 3]`, `nb1 = 4s`, offset 0.
+///
+/// view_2d strides: `nb = [s, 4s, 12s, 12s]` (nb2 = nb1 * ne1 = 12s, nb3 = nb2).
+/// nbytes, block types: `2blck * s / blck + (3 - 1) * 4s = 2s + 8s = 10s`;
+/// plain (ne0 = 2): `s + 1*s + 2*4s = 10s` — less than the root's `12s`, more than the
+/// `6s` of elements actually seen: it spans from the first to the last byte.
+#[test]
+fn padded_view_nbytes_for_every_type() {
+    let expected: [(ElementType, usize); 20] = [
+        (F32, 40),    // 10*4
+        (F16, 20),    // 10*2
+        (Q4_0, 180),  // 10*18
+        (Q4_1, 200),  // 10*20
+        (Q5_0, 220),  // 10*22
+        (Q5_1, 240),  // 10*24
+        (Q8_0, 340),  // 10*34
+        (Q8_1, 360),  // 10*36
+        (Q2_K, 840),  // 10*84
+        (Q3_K, 1100), // 10*110
+        (Q4_K, 1440), // 10*144
+        (Q5_K, 1760), // 10*176
+        (Q6_K, 2100), // 10*210
+        (Q8_K, 2920), // 10*292
+        (I8, 10),     // 10*1
+        (I16, 20),    // 10*2
+        (I32, 40),    // 10*4
+        (I64, 80),    // 10*8
+        (F64, 80),    // 10*8
+        (BF16, 20),   // 10*2
+    ];
+    let mut ctx = Context::new();
+    for (ty, bytes) in expected {
+        let (b, s) = (ty.block_size() as i64, ty.type_size());
+        let root = ctx.new_tensor_2d(ty, 4 * b, 3).unwrap();
+        let v = ctx.view_2d(root, 2 * b, 3, 4 * s, 0).unwrap();
+        assert_eq!(ctx[v].nb(), [s, 4 * s, 12 * s, 12 * s], "{ty}");
+        assert_eq!(ctx[v].nbytes(), bytes, "{ty}");
+        assert!(!ctx[v].is_contiguous(), "{ty}");
+        assert!(ctx[v].is_contiguous_rows(), "{ty}");
+    }
+}
+
+#[test]
+fn spec_observed_examples() {
+    let mut ctx = Context::new();
+    // Q4_0 [64, 3]: nb = [18, 36, 108, 108], nbytes = 64*18/32 + 2*36 = 36 + 72 = 108.
+    let q = ctx.new_tensor_2d(Q4_0, 64, 3).unwrap();
+    assert_eq!(ctx[q].nb(), [18, 36, 108, 108]);
+    assert_eq!(ctx[q].nbytes(), 108);
+    assert_eq!(ctx[q].row_size(), 36);
+    // Q4_K [512, 2]: nb = [144, 288, 576, 576], nbytes = 512*144/256 + 1*288 = 576.
+    let k = ctx.new_tensor_2d(Q4_K, 512, 2).unwrap();
+    assert_eq!(ctx[k].nb(), [144, 288, 576, 576]);
+    assert_eq!(ctx[k].nbytes(), 576);
+    // transpose of F32 [3, 5]: ne = [5, 3], nb = [12, 4, 60, 60],
+    // nbytes = 4 + 4*12 + 2*4 = 60.
+    let a = ctx.new_tensor_2d(F32, 3, 5).unwrap();
+    let t = ctx.transpose(a).unwrap();
+    assert_eq!(ctx[t].ne(), [5, 3, 1, 1]);
+    assert_eq!(ctx[t].nb(), [12, 4, 60, 60]);
+    assert_eq!(ctx[t].nbytes(), 60);
+    // F32 [0, 5]: nbytes = 0.
+    let e = ctx.new_tensor_2d(F32, 0, 5).unwrap();
+    assert_eq!(ctx[e].nbytes(), 0);
+}
+
+#[test]
+fn strided_nbytes_by_hand() {
+    let mut ctx = Context::new();
+
+    // Transposed F16 [4, 6]: root nb = [2, 8, 48, 48]; transposed ne = [6, 4], nb = [8, 2, 48, 48].
+    // nbytes = 2 + 5*8 + 3*2 = 48 (the whole root).
+    let a = ctx.new_tensor_2d(F16, 4, 6).unwrap();
+    let at = ctx.transpose(a).unwrap();
+    assert_eq!(ctx[at].nb(), [8, 2, 48, 48]);
+    assert_eq!(ctx[at].nbytes(), 48);
+    assert!(ctx[at].is_transposed());
+    assert!(!ctx[at].is_contiguous());
+
+    // Permuted F32 [2, 3, 4] by axes [2, 0, 1, 3]: root nb = [4, 8, 24, 96].
+    // dim 0 -> 2, dim 1 -> 0, dim 2 -> 1: ne = [3, 4, 2, 1], nb = [8, 24, 4, 96].
+    // nbytes = 4 + 2*8 + 3*24 + 1*4 + 0*96 = 4 + 16 + 72 + 4 = 96 (the whole root).
+    let b = ctx.new_tensor_3d(F32, 2, 3, 4).unwrap();
+    let bp = ctx.permute(b, [2, 0, 1, 3]).unwrap();
+    assert_eq!(ctx[bp].ne(), [3, 4, 2, 1]);
+    assert_eq!(ctx[bp].nb(), [8, 24, 4, 96]);
+    assert_eq!(ctx[bp].nbytes(), 96);
+    assert!(ctx[bp].is_permuted());
+
+    // Padded F32 view: root [8, 4] (nb1 = 32, 128 bytes), view ne = [5, 3], nb1 = 32, offset 4:
+    // nb = [4, 32, 96, 96], nbytes = 4 + 4*4 + 2*32 = 84; bounds: 5*4*3 + 4 = 64 <= 128.
+    let c = ctx.new_tensor_2d(F32, 8, 4).unwrap();
+    let cv = ctx.view_2d(c, 5, 3, 32, 4).unwrap();
+    assert_eq!(ctx[cv].nb(), [4, 32, 96, 96]);
+    assert_eq!(ctx[cv].nbytes(), 84);
+    assert_eq!(ctx[cv].view_offs(), 4);
+
+    // Padded Q4_0 view: root [128, 4] (row 4*18 = 72, nbytes 288), view ne = [64, 3], nb1 = 72,
+    // offset 72: nb = [18, 72, 216, 216], nbytes = 64*18/32 + 2*72 = 36 + 144 = 180;
+    // bounds: 36*3 + 72 = 180 <= 288.
+    let q = ctx.new_tensor_2d(Q4_0, 128, 4).unwrap();
+    let qv = ctx.view_2d(q, 64, 3, 72, 72).unwrap();
+    assert_eq!(ctx[qv].nb(), [18, 72, 216, 216]);
+    assert_eq!(ctx[qv].nbytes(), 180);
+
+    // Permuted Q8_0 [64, 3, 2] by [0, 2, 1, 3]: root nb = [34, 68, 204, 408];
+    // ne = [64, 2, 3, 1], nb = [34, 204, 68, 408]; nbytes = 64*34/32 + 1*204 + 2*68 = 68 + 204
+    // + 136 = 408 (the whole root).
+    let r = ctx.new_tensor_3d(Q8_0, 64, 3, 2).unwrap();
+    let rp = ctx.permute(r, [0, 2, 1, 3]).unwrap();
+    assert_eq!(ctx[rp].nb(), [34, 204, 68, 408]);
+    assert_eq!(ctx[rp].nbytes(), 408);
+
+    // 4-d view of I32 with explicit strides: root [4, 4, 4, 4] (1024 bytes), view ne = [2, 2, 2, 2],
+    // nb = [4, 16, 64, 256] (every other element block), offset 0:
+    // nbytes = 4 + 1*4 + 1*16 + 1*64 + 1*256 = 344.
+    let d = ctx.new_tensor_4d(I32, 4, 4, 4, 4).unwrap();
+    let dv = ctx.view_4d(d, 2, 2, 2, 2, 16, 64, 256, 0).unwrap();
+    assert_eq!(ctx[dv].nb(), [4, 16, 64, 256]);
+    assert_eq!(ctx[dv].nbytes(), 344);
+
+    // Any zero extent gives 0, also for block types and views.
+    assert_eq!(nbytes(Q4_0, [0, 3, 1, 1], [18, 0, 0, 0]), 0);
+    assert_eq!(nbytes(F32, [4, 3, 0, 1], [4, 16, 48, 0]), 0);
+    let z = ctx.view_2d(c, 0, 3, 32, 0).unwrap();
+    assert_eq!(ctx[z].nbytes(), 0);
+}
+
+#[test]
+fn block_types_need_whole_blocks() {
+    let mut ctx = Context::new();
+    for ty in ElementType::ALL {
+        let b = ty.block_size() as i64;
+        if b == 1 {
+            continue;
+        }
+        let before = ctx.len();
+        assert_eq!(
+            ctx.new_tensor_1d(ty, b + 1),
+            Err(GraphError::BlockMisaligned {
+                ty,
+                ne0: b + 1,
+                block: b as usize
+            })
+        );
+        assert_eq!(ctx.len(), before);
+    }
+}
+
+/// Highest byte touched by any element (or block) plus its size, by visiting every index.
+fn naive_span(ty: ElementType, ne: [i64; 4], nb: [usize; 4]) -> usize {
+    if ne.contains(&0) {
+        return 0;
+    }
+    let blocks0 = ne[0] as usize / ty.block_size();
+    let mut max = 0;
+    for i3 in 0..ne[3] as usize {
+        for i2 in 0..ne[2] as usize {
+            for i1 in 0..ne[1] as usize {
+                for i0 in 0..blocks0 {
+                    let addr = i0 * nb[0] + i1 * nb[1] + i2 * nb[2] + i3 * nb[3];
+                    max = max.max(addr + ty.type_size());
+                }
+            }
+        }
+    }
+    max
+}
+
+fn permutation() -> impl Strategy<Value = [i32; 4]> {
+    Just([0, 1, 2, 3])
+        .prop_shuffle()
+        .prop_map(|v| [v[0], v[1], v[2], v[3]])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 256 }))]
+
+    /// nbytes of any permutation of a plain-type tensor is the highest address touched plus the
+    /// element size, and (for a permutation of a contiguous tensor) equals the root's size.
+    #[test]
+    fn permuted_nbytes_is_the_span(
+        ty in prop::sample::select(vec![F32, F16, I8, I16, I32, I64, F64, BF16]),
+        ne in prop::array::uniform4(1i64..5),
+        axes in permutation(),
+    ) {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor(ty, &ne).unwrap();
+        let p = ctx.permute(a, axes).unwrap();
+        let t = &ctx[p];
+        prop_assert_eq!(t.nbytes(), naive_span(ty, t.ne(), t.nb()));
+        prop_assert_eq!(t.nbytes(), ctx[a].nbytes());
+        prop_assert_eq!(t.nelements(), ctx[a].nelements());
+    }
+
+    /// Block types: permutations keep dimension 0 (ggml only permutes rows of whole blocks).
+    #[test]
+    fn permuted_block_nbytes_is_the_span(
+        ty in prop::sample::select(vec![Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q6_K]),
+        blocks in 1i64..4,
+        ne in prop::array::uniform3(1i64..5),
+        rest in Just([1, 2, 3]).prop_shuffle(),
+    ) {
+        let mut ctx = Context::new();
+        let ne0 = blocks * ty.block_size() as i64;
+        let a = ctx.new_tensor(ty, &[ne0, ne[0], ne[1], ne[2]]).unwrap();
+        let p = ctx.permute(a, [0, rest[0], rest[1], rest[2]]).unwrap();
+        let t = &ctx[p];
+        prop_assert_eq!(t.nbytes(), naive_span(ty, t.ne(), t.nb()));
+        prop_assert_eq!(t.nbytes(), ctx[a].nbytes());
+    }
+
+    /// A padded 2-d view spans from its first to its last element.
+    #[test]
+    fn padded_view_nbytes_is_the_span(
+        cols in 1i64..8, pad in 0i64..4, rows in 1i64..6, off_rows in 0i64..3,
+    ) {
+        let mut ctx = Context::new();
+        let root = ctx.new_tensor_2d(F32, cols + pad, rows + off_rows).unwrap();
+        let row = 4 * (cols + pad) as usize;
+        let v = ctx.view_2d(root, cols, rows, row, off_rows as usize * row).unwrap();
+        let t = &ctx[v];
+        prop_assert_eq!(t.nbytes(), naive_span(F32, t.ne(), t.nb()));
+        prop_assert_eq!(t.view_offs(), off_rows as usize * row);
+    }
+}

@@ -1,0 +1,215 @@
+//! Scheduler overhead on a llama decode graph (n_embd 4096, one token, weights in a weights
+//! buffer, each layer's KV cache in the layer's buffer): `reset + alloc_graph`, `split_graph`
+//! alone and `reserve`, with one CPU backend and with a GPU fixture backend + CPU at 16 and
+//! 33 offloaded layers of 32; then the same at 10× the layers. Heap allocations per call are
+//! counted with a counting global allocator and printed before each group.
+//!
+//! ggml's reference on this graph: reset + alloc_graph ≈ 80 µs, split ≈ 53 µs, reserve ≈
+//! 120 µs. Run with `cargo bench -p sched --bench sched`.
+
+#![allow(clippy::print_stdout, missing_docs)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use graph::{Checkpoint, TensorId};
+use sched::Scheduler;
+use sched::fixture::Built;
+use sched::llama::LlamaConfig;
+
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+type Op = fn(&mut Setup);
+
+struct Setup {
+    built: Built,
+    sched: Scheduler,
+    cp: Checkpoint,
+    unplaced: Vec<TensorId>,
+}
+
+impl Setup {
+    fn new(n_layer: usize, n_gpu: Option<usize>) -> Setup {
+        let mut c = LlamaConfig::llama_7b(n_layer);
+        if let Some(n) = n_gpu {
+            c = c.offload("GPU0", n);
+        }
+        let built = c.graph_file("bench").build().expect("graph");
+        let sched = built.scheduler().expect("scheduler");
+        let cp = built.ctx.checkpoint();
+        let g = &built.graph;
+        let unplaced = g
+            .nodes()
+            .iter()
+            .chain(g.leafs())
+            .copied()
+            .filter(|&t| built.ctx[t].storage().is_none())
+            .collect();
+        let mut s = Setup {
+            built,
+            sched,
+            cp,
+            unplaced,
+        };
+        // warm up: tables and buffers reach their steady-state size
+        for _ in 0..3 {
+            s.fresh();
+            s.sched.reset();
+            s.sched
+                .alloc_graph(&mut s.built.ctx, &s.built.graph)
+                .expect("alloc");
+            s.fresh();
+            s.sched
+                .reserve(&mut s.built.ctx, &s.built.graph)
+                .expect("reserve");
+        }
+        s
+    }
+
+    /// Make the graph look freshly built: drop the scheduler's copies and views, and the
+    /// compute memory the last allocation placed.
+    fn fresh(&mut self) {
+        self.built.ctx.rewind(self.cp);
+        for &t in &self.unplaced {
+            self.built.ctx[t].set_storage(None);
+        }
+    }
+
+    fn alloc(&mut self) {
+        self.sched.reset();
+        self.sched
+            .alloc_graph(&mut self.built.ctx, &self.built.graph)
+            .expect("alloc");
+    }
+    fn split(&mut self) {
+        self.sched.reset();
+        self.sched
+            .split_graph(&mut self.built.ctx, &self.built.graph)
+            .expect("split");
+    }
+    fn reserve(&mut self) {
+        self.sched
+            .reserve(&mut self.built.ctx, &self.built.graph)
+            .expect("reserve");
+    }
+}
+
+fn allocs_per_call(s: &mut Setup, f: fn(&mut Setup)) -> f64 {
+    let n = 20;
+    let mut total = 0;
+    for _ in 0..n {
+        s.fresh();
+        let a = ALLOCS.load(Ordering::Relaxed);
+        f(s);
+        total += ALLOCS.load(Ordering::Relaxed) - a;
+    }
+    total as f64 / n as f64
+}
+
+fn bench_case(c: &mut Criterion, name: &str, n_layer: usize, n_gpu: Option<usize>) {
+    let mut s = Setup::new(n_layer, n_gpu);
+    println!(
+        "{name}: {} nodes, {} leafs, {} splits; heap allocations per call: alloc_graph {}, split {}, reserve {}",
+        s.built.graph.n_nodes(),
+        s.built.graph.n_leafs(),
+        s.sched.n_splits(),
+        allocs_per_call(&mut s, Setup::alloc),
+        allocs_per_call(&mut s, Setup::split),
+        allocs_per_call(&mut s, Setup::reserve),
+    );
+    let mut g = c.benchmark_group(name);
+    let ops: [(&str, Op); 3] = [
+        ("reset+alloc_graph", Setup::alloc),
+        ("split", Setup::split),
+        ("reserve", Setup::reserve),
+    ];
+    for (op, f) in ops {
+        g.bench_function(op, |b| {
+            b.iter_custom(|iters| {
+                let mut t = Duration::ZERO;
+                for _ in 0..iters {
+                    s.fresh();
+                    let start = Instant::now();
+                    f(&mut s);
+                    t += start.elapsed();
+                }
+                t
+            })
+        });
+    }
+    g.finish();
+}
+
+/// One call of `f`, kept out of line so that `valgrind --tool=callgrind --collect-atstart=no
+/// --toggle-collect='*measured_call*'` counts exactly the measured work.
+#[inline(never)]
+fn measured_call(s: &mut Setup, f: Op) {
+    f(s)
+}
+
+/// `SCHED_INSTR=<op>:<layers>[:<gpu layers>]` (op: alloc, split, reserve) runs the op 100 times
+/// outside criterion, for instruction counting under callgrind; instructions per call are
+/// the collected total divided by 100.
+fn instr_mode() -> bool {
+    let Ok(spec) = std::env::var("SCHED_INSTR") else {
+        return false;
+    };
+    let mut it = spec.split(':');
+    let op: Op = match it.next() {
+        Some("alloc") => Setup::alloc,
+        Some("split") => Setup::split,
+        Some("reserve") => Setup::reserve,
+        other => panic!("unknown op {other:?}"),
+    };
+    let n_layer = it.next().and_then(|v| v.parse().ok()).unwrap_or(32);
+    let n_gpu = it.next().and_then(|v| v.parse().ok());
+    let mut s = Setup::new(n_layer, n_gpu);
+    for _ in 0..100 {
+        s.fresh();
+        measured_call(&mut s, op);
+    }
+    true
+}
+
+fn benches(c: &mut Criterion) {
+    if instr_mode() {
+        return;
+    }
+    bench_case(c, "llama32/cpu", 32, None);
+    bench_case(c, "llama32/gpu16+cpu", 32, Some(16));
+    bench_case(c, "llama32/gpu33+cpu", 32, Some(33));
+    bench_case(c, "llama320/cpu", 320, None);
+    bench_case(c, "llama320/gpu160+cpu", 320, Some(160));
+    bench_case(c, "llama320/gpu321+cpu", 320, Some(321));
+}
+
+criterion_group! {
+    name = sched_benches;
+    config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    targets = benches
+}
+criterion_main!(sched_benches);

@@ -1,0 +1,1390 @@
+//! The scheduler proper: backend assignment, splitting, the allocation graph, compute.
+//!
+//! The decisions follow the seed (`ggml_backend_sched_split_graph` and friends) step for step,
+//! because the plans users and fixtures see are defined by them; only the data structures
+//! differ:
+//!
+//! * Per-tensor state (backend id, the pass that chose it, input copies per backend and
+//!   pipeline copy) lives in a direct-address table indexed by [`TensorId::index`] and stamped
+//!   with an epoch. `reset` bumps the epoch instead of clearing memory, the table grows with
+//!   the context instead of aborting when a hash set is full (#16555), and once it has grown
+//!   nothing on the per-step path allocates.
+//! * The seed points `node->src[j]` of the caller's graph at input copies and leaves it so,
+//!   which breaks reserve-then-alloc on one graph (llama.cpp #15434). We record each rewrite,
+//!   apply them only while the allocator or the backends look at the graph, and restore the
+//!   original sources before any public call returns.
+
+use std::fmt::Write as _;
+
+use backend_core::{
+    Backend, BufferType, BufferUsage, ComputeStatus, Device, DeviceType, Event,
+    storage_buffer_type, storage_usage,
+};
+use graph::{Context, Graph, Op, Tensor, TensorFlags, TensorId, TensorName};
+
+use crate::error::SchedError;
+use crate::galloc::{AllocError, GraphAllocator};
+
+/// Most backends one scheduler drives (`GGML_SCHED_MAX_BACKENDS`).
+pub const MAX_BACKENDS: usize = 16;
+/// Inputs per split at which a new split is started (`GGML_SCHED_MAX_SPLIT_INPUTS`, which is
+/// `GGML_MAX_SRC` in the seed). Plans depend on it, so it is kept; the per-split input list
+/// itself grows past it unless reference limits are on.
+pub const MAX_SPLIT_INPUTS: usize = graph::MAX_SRC;
+/// Pipeline copies in parallel mode (`GGML_SCHED_MAX_COPIES`).
+pub const DEFAULT_PARALLEL_COPIES: usize = 4;
+
+type Result<T> = std::result::Result<T, SchedError>;
+
+/// Which rule gave a tensor its backend (the seed's `SET_CAUSE` tags, which it compiles out;
+/// we keep them for the debug layout).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cause {
+    /// Not assigned, or assigned by no recorded rule.
+    #[default]
+    None,
+    /// Pass 1: the tensor's own (or view root's) buffer decides (`1.dst`).
+    Dst,
+    /// Pass 1: the view root's buffer decides (`1.vsrc`).
+    ViewSrc,
+    /// Pass 1: a graph input goes to the last backend (`1.inp`).
+    Input,
+    /// Pass 1: a higher-priority backend wants to offload an op on host weights (`1.off`).
+    Offload,
+    /// Pass 1: the op follows the weight in source slot N (`1.wgtN`).
+    Weight(u8),
+    /// Pass 2: expanded from a neighbour (`2.sup`).
+    Expand,
+    /// Pass 3: the backend with the most usable inputs (`3.best`).
+    Best,
+    /// Pass 3: upgraded to a higher-priority backend with the same buffer type (`3.upg`).
+    Upgrade,
+    /// Pass 4: a view follows its root (`4.vsrc`).
+    FromViewSrc,
+    /// Pass 4: a source follows its consumer (`4.cur`).
+    FromConsumer,
+    /// Pass 5: an input copy made by the scheduler (`4.cpy` in the seed).
+    Copy,
+    /// Assigned by the user with `set_tensor_backend` (`usr`).
+    User,
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Cause::None => "",
+            Cause::Dst => "1.dst",
+            Cause::ViewSrc => "1.vsrc",
+            Cause::Input => "1.inp",
+            Cause::Offload => "1.off",
+            Cause::Weight(i) => {
+                let mut n = TensorName::EMPTY;
+                let _ = write!(n, "1.wgt{i}");
+                return f.pad(n.as_str());
+            }
+            Cause::Expand => "2.sup",
+            Cause::Best => "3.best",
+            Cause::Upgrade => "3.upg",
+            Cause::FromViewSrc => "4.vsrc",
+            Cause::FromConsumer => "4.cur",
+            Cause::Copy => "4.cpy",
+            Cause::User => "usr",
+        };
+        f.pad(s)
+    }
+}
+
+const NO_COPIES: u32 = u32::MAX;
+
+/// Per-tensor state, valid when `epoch` matches the scheduler's and `id` is the tensor asked
+/// about (an index reused after a context rewind carries another generation).
+#[derive(Copy, Clone, Debug, Default)]
+struct Slot {
+    epoch: u32,
+    id: Option<TensorId>,
+    backend: i32,
+    cause: Cause,
+    /// Index of this tensor's block in the copy table, or `NO_COPIES`.
+    copies: u32,
+    /// The split the copies belong to: copies live only until the next split, which makes
+    /// them again in the caller's context.
+    copies_epoch: u32,
+}
+
+/// One split: a run of user-graph nodes computed on one backend, and the tensors copied in
+/// from other backends before it runs.
+#[derive(Clone, Debug, Default)]
+pub struct Split {
+    backend: usize,
+    start: usize,
+    end: usize,
+    inputs: Vec<TensorId>,
+}
+
+impl Split {
+    /// Index of the backend that computes this split.
+    pub fn backend(&self) -> usize {
+        self.backend
+    }
+    /// First node (index in the user graph).
+    pub fn start(&self) -> usize {
+        self.start
+    }
+    /// One past the last node.
+    pub fn end(&self) -> usize {
+        self.end
+    }
+    /// Tensors copied into this split's backend, in registration order.
+    pub fn inputs(&self) -> &[TensorId] {
+        &self.inputs
+    }
+}
+
+/// A source slot pointed at an input copy while the allocator and backends run.
+#[derive(Copy, Clone, Debug)]
+struct Rewrite {
+    node: TensorId,
+    slot: u8,
+    original: TensorId,
+    copy: TensorId,
+}
+
+/// The eval callback (`ggml_backend_sched_eval_callback`): called with `ask = true` to ask
+/// whether the caller wants to see a node (then the nodes up to it are computed, the backend
+/// synchronized, and it is called again with `ask = false`; returning `false` then stops the
+/// computation of the current split).
+pub type EvalCallback = Box<dyn FnMut(&Context, TensorId, bool) -> bool + Send>;
+
+/// The multi-backend scheduler (`ggml_backend_sched`).
+///
+/// Backends are given in priority order; the last one must run on a CPU device. For each
+/// graph the scheduler assigns every node a backend, cuts the graph into splits that run on
+/// one backend each, adds copies of the tensors a split reads from incompatible memory,
+/// allocates compute memory through the graph allocator (one buffer per distinct buffer
+/// type), and computes split after split.
+///
+/// ```
+/// use sched::{Scheduler, fixture::{BackendSpec, FixtureBackends}};
+/// use graph::{Context, ElementType, Graph};
+///
+/// // one planning-only CPU backend
+/// let backends = FixtureBackends::new(&[BackendSpec::cpu("CPU")])?;
+/// let mut sched = Scheduler::new(backends.backends().to_vec(), None, 64, false)?;
+///
+/// let mut ctx = Context::new();
+/// let x = ctx.new_tensor_1d(ElementType::F32, 16)?;
+/// ctx.set_input(x)?;
+/// let y = ctx.sqr(x)?;
+/// let mut g = Graph::new(64);
+/// g.build_forward_expand(&mut ctx, y)?;
+///
+/// sched.alloc_graph(&mut ctx, &g)?;
+/// assert_eq!(sched.n_splits(), 1);
+/// assert_eq!(sched.tensor_backend(y), Some(0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Scheduler {
+    backends: Vec<Backend>,
+    devices: Vec<Device>,
+    bufts: Vec<BufferType>,
+    galloc: GraphAllocator,
+    n_copies: usize,
+    cur_copy: usize,
+    /// `[backend * n_copies + copy]`
+    events: Vec<Option<Event>>,
+    graph_size: usize,
+    is_reset: bool,
+    is_alloc: bool,
+    strict: bool,
+    debug: u32,
+
+    epoch: u32,
+    copy_epoch: u32,
+    slots: Vec<Slot>,
+    copy_table: Vec<Option<TensorId>>,
+
+    node_ids: Vec<i32>,
+    leaf_ids: Vec<i32>,
+    prev_node_ids: Vec<i32>,
+    prev_leaf_ids: Vec<i32>,
+    node_buf_ids: Vec<usize>,
+    leaf_buf_ids: Vec<usize>,
+
+    alloc_graph: Graph,
+    splits: Vec<Split>,
+    n_splits: usize,
+    graph_inputs: Vec<TensorId>,
+    rewrites: Vec<Rewrite>,
+    rewritten: bool,
+    scratch: Vec<TensorId>,
+
+    callback: Option<EvalCallback>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("backends", &self.backends)
+            .field("n_copies", &self.n_copies)
+            .field("n_splits", &self.n_splits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    /// A scheduler over `backends` (priority order, the last on a CPU device), with optional
+    /// buffer types per backend (default: each backend's default buffer type), a graph
+    /// capacity hint, and `parallel` for pipeline parallelism with
+    /// [`DEFAULT_PARALLEL_COPIES`] copies (`ggml_backend_sched_new`).
+    pub fn new(
+        backends: Vec<Backend>,
+        bufts: Option<Vec<BufferType>>,
+        graph_size: usize,
+        parallel: bool,
+    ) -> Result<Self> {
+        let n_copies = if parallel { DEFAULT_PARALLEL_COPIES } else { 1 };
+        Self::with_copies(backends, bufts, graph_size, n_copies)
+    }
+
+    /// Like [`Scheduler::new`] with an explicit number of pipeline copies (1: no pipeline
+    /// parallelism). More copies overlap more steps and cost more memory (llama.cpp #24355,
+    /// #20395).
+    pub fn with_copies(
+        backends: Vec<Backend>,
+        bufts: Option<Vec<BufferType>>,
+        graph_size: usize,
+        n_copies: usize,
+    ) -> Result<Self> {
+        let n = backends.len();
+        if n == 0 {
+            return Err(SchedError::NoBackends);
+        }
+        if n > MAX_BACKENDS {
+            return Err(SchedError::TooManyBackends {
+                n,
+                max: MAX_BACKENDS,
+            });
+        }
+        if n_copies == 0 {
+            return Err(SchedError::InvalidCopies(n_copies));
+        }
+        let devices: Vec<Device> = backends.iter().map(Backend::device).collect();
+        if devices[n - 1].device_type() != DeviceType::Cpu {
+            return Err(SchedError::LastNotCpu {
+                name: backends[n - 1].name().to_owned(),
+            });
+        }
+        let bufts = match bufts {
+            Some(b) if b.len() != n => {
+                return Err(SchedError::BufferTypeCount {
+                    expected: n,
+                    got: b.len(),
+                });
+            }
+            Some(b) => b,
+            None => backends.iter().map(Backend::default_buffer_type).collect(),
+        };
+        for (b, buft) in backends.iter().zip(&bufts) {
+            if !b.supports_buft(buft) {
+                return Err(SchedError::BufferTypeUnsupported {
+                    backend: b.name().to_owned(),
+                    buffer_type: buft.name().to_owned(),
+                });
+            }
+        }
+        let mut events = Vec::with_capacity(n * n_copies);
+        for d in &devices {
+            for _ in 0..n_copies {
+                events.push(if n_copies > 1 {
+                    d.event_new().ok()
+                } else {
+                    None
+                });
+            }
+        }
+        let debug = std::env::var("GGML_SCHED_DEBUG")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        let galloc = GraphAllocator::new(&bufts);
+        let mut s = Scheduler {
+            backends,
+            devices,
+            bufts,
+            galloc,
+            n_copies,
+            cur_copy: 0,
+            events,
+            graph_size,
+            is_reset: false,
+            is_alloc: false,
+            strict: false,
+            debug,
+            epoch: 0,
+            copy_epoch: 1,
+            slots: Vec::with_capacity(graph_size),
+            copy_table: Vec::new(),
+            node_ids: Vec::new(),
+            leaf_ids: Vec::new(),
+            prev_node_ids: Vec::new(),
+            prev_leaf_ids: Vec::new(),
+            node_buf_ids: Vec::new(),
+            leaf_buf_ids: Vec::new(),
+            alloc_graph: Graph::new(graph_size),
+            splits: Vec::new(),
+            n_splits: 0,
+            graph_inputs: Vec::new(),
+            rewrites: Vec::new(),
+            rewritten: false,
+            scratch: Vec::new(),
+            callback: None,
+        };
+        s.reset();
+        Ok(s)
+    }
+
+    /// Enforce the seed's fixed capacities as errors instead of growing: a graph larger than
+    /// the hash set sized from `graph_size`, more than [`MAX_SPLIT_INPUTS`] inputs in one
+    /// split, more than [`MAX_SPLIT_INPUTS`] user inputs with pipeline copies. The plan
+    /// inspector turns this on so that graphs the reference rejects are rejected here too.
+    pub fn set_reference_limits(&mut self, on: bool) {
+        self.strict = on;
+    }
+
+    /// Set the debug level (0: off, 1: split headers, 2: also one line per node), logged
+    /// through `tracing` at DEBUG after every split. The initial level comes from the
+    /// `GGML_SCHED_DEBUG` environment variable, as in the seed.
+    pub fn set_debug(&mut self, level: u32) {
+        self.debug = level;
+    }
+
+    /// Install or remove the eval callback (`ggml_backend_sched_set_eval_callback`).
+    pub fn set_eval_callback(&mut self, callback: Option<EvalCallback>) {
+        self.callback = callback;
+    }
+
+    /// Number of backends.
+    pub fn n_backends(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// Backend `i` (priority order).
+    pub fn backend(&self, i: usize) -> Result<&Backend> {
+        self.backends.get(i).ok_or(SchedError::BackendIndex {
+            index: i,
+            n: self.backends.len(),
+        })
+    }
+
+    /// Every backend, in priority order.
+    pub fn backends(&self) -> &[Backend] {
+        &self.backends
+    }
+
+    /// The buffer type compute memory of backend `i` is allocated in.
+    pub fn buffer_type(&self, i: usize) -> Option<&BufferType> {
+        self.bufts.get(i)
+    }
+
+    /// Index of `backend` among the scheduler's backends.
+    pub fn backend_index(&self, backend: &Backend) -> Option<usize> {
+        self.backends.iter().position(|b| b == backend)
+    }
+
+    /// Number of splits of the last planned graph.
+    pub fn n_splits(&self) -> usize {
+        self.n_splits
+    }
+
+    /// Number of pipeline copies.
+    pub fn n_copies(&self) -> usize {
+        self.n_copies
+    }
+
+    /// The pipeline copy the next compute uses.
+    pub fn cur_copy(&self) -> usize {
+        self.cur_copy
+    }
+
+    /// The splits of the last planned graph.
+    pub fn splits(&self) -> &[Split] {
+        &self.splits[..self.n_splits]
+    }
+
+    /// Graph inputs given per-pipeline-copy storage by the last split (parallel mode).
+    pub fn graph_inputs(&self) -> &[TensorId] {
+        &self.graph_inputs
+    }
+
+    /// Compute buffer bytes of backend `i` (`ggml_backend_sched_get_buffer_size`); 0 for a
+    /// backend sharing the buffer type of a higher-priority one.
+    pub fn buffer_size(&self, i: usize) -> Result<usize> {
+        if i >= self.backends.len() {
+            return Err(SchedError::BackendIndex {
+                index: i,
+                n: self.backends.len(),
+            });
+        }
+        Ok(self.galloc.buffer_size(i))
+    }
+
+    /// The graph the allocator saw last: per split, the dependency views and copies of its
+    /// inputs followed by its nodes; leafs with pipeline copies first.
+    pub fn allocation_graph(&self) -> &Graph {
+        &self.alloc_graph
+    }
+
+    // ---- per-tensor table ----
+
+    fn slot(&self, t: TensorId) -> Option<&Slot> {
+        match self.slots.get(t.index()) {
+            Some(s) if s.epoch == self.epoch && s.id == Some(t) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn slot_mut(&mut self, t: TensorId) -> &mut Slot {
+        let i = t.index();
+        if i >= self.slots.len() {
+            let want = (i + 1).max(self.slots.len() * 2);
+            self.slots.resize(want, Slot::default());
+        }
+        let epoch = self.epoch;
+        let s = &mut self.slots[i];
+        if s.epoch != epoch || s.id != Some(t) {
+            *s = Slot {
+                epoch,
+                id: Some(t),
+                backend: -1,
+                cause: Cause::None,
+                copies: NO_COPIES,
+                copies_epoch: 0,
+            };
+        }
+        s
+    }
+
+    fn bid(&self, t: TensorId) -> i32 {
+        self.slot(t).map_or(-1, |s| s.backend)
+    }
+
+    fn bid_opt(&self, t: Option<TensorId>) -> i32 {
+        t.map_or(-1, |t| self.bid(t))
+    }
+
+    fn set_bid(&mut self, t: TensorId, b: i32, cause: Cause) {
+        let s = self.slot_mut(t);
+        s.backend = b;
+        s.cause = cause;
+    }
+
+    fn copy_index(&self, b: usize, c: usize) -> usize {
+        b * self.n_copies + c
+    }
+
+    fn get_copy(&self, t: TensorId, b: usize, c: usize) -> Option<TensorId> {
+        let s = self.slot(t)?;
+        if s.copies == NO_COPIES || s.copies_epoch != self.copy_epoch {
+            return None;
+        }
+        let per = self.backends.len() * self.n_copies;
+        self.copy_table[s.copies as usize * per + self.copy_index(b, c)]
+    }
+
+    fn set_copy(&mut self, t: TensorId, b: usize, c: usize, copy: TensorId) {
+        let per = self.backends.len() * self.n_copies;
+        let k = self.copy_index(b, c);
+        let copy_epoch = self.copy_epoch;
+        let block = {
+            let s = self.slot_mut(t);
+            if s.copies_epoch != copy_epoch {
+                s.copies = NO_COPIES;
+            }
+            s.copies
+        };
+        let block = if block == NO_COPIES {
+            let nb = (self.copy_table.len() / per) as u32;
+            self.copy_table.resize(self.copy_table.len() + per, None);
+            let s = self.slot_mut(t);
+            s.copies = nb;
+            s.copies_epoch = copy_epoch;
+            nb
+        } else {
+            block
+        };
+        self.copy_table[block as usize * per + k] = Some(copy);
+    }
+
+    /// The backend assigned to `t`, if any (`ggml_backend_sched_get_tensor_backend`).
+    pub fn tensor_backend(&self, t: TensorId) -> Option<usize> {
+        let b = self.bid(t);
+        (b >= 0).then_some(b as usize)
+    }
+
+    /// Which rule assigned `t` its backend.
+    pub fn tensor_cause(&self, t: TensorId) -> Cause {
+        self.slot(t).map_or(Cause::None, |s| s.cause)
+    }
+
+    /// The copy of `t` for backend `b` and pipeline copy `c`, if the last split made one.
+    pub fn tensor_copy(&self, t: TensorId, b: usize, c: usize) -> Option<TensorId> {
+        if b >= self.backends.len() || c >= self.n_copies {
+            return None;
+        }
+        self.get_copy(t, b, c)
+    }
+
+    /// Pin `t` to backend `b` (`ggml_backend_sched_set_tensor_backend`). The assignment is
+    /// never overwritten by the passes and lasts until the next [`Scheduler::reset`].
+    pub fn set_tensor_backend(&mut self, ctx: &Context, t: TensorId, b: usize) -> Result<()> {
+        ctx.get(t)?;
+        if b >= self.backends.len() {
+            return Err(SchedError::BackendIndex {
+                index: b,
+                n: self.backends.len(),
+            });
+        }
+        self.set_bid(t, b as i32, Cause::User);
+        self.is_reset = false;
+        Ok(())
+    }
+
+    /// Forget assignments and copies (`ggml_backend_sched_reset`); O(1).
+    pub fn reset(&mut self) {
+        if !self.is_reset {
+            self.epoch = self.epoch.wrapping_add(1);
+            if self.epoch == 0 {
+                self.slots.iter_mut().for_each(|s| *s = Slot::default());
+                self.epoch = 1;
+            }
+            self.copy_table.clear();
+            self.is_reset = true;
+        }
+        self.is_alloc = false;
+    }
+
+    // ---- buffers and capabilities ----
+
+    /// The storage whose buffer decides for `t`: its view root's, else its own.
+    fn root_storage<'a>(ctx: &'a Context, t: &'a Tensor) -> Option<&'a graph::TensorStorage> {
+        match t.view_src() {
+            Some(r) => ctx.get(r).ok().and_then(Tensor::storage),
+            None => t.storage(),
+        }
+    }
+
+    /// ggml's `tensor->buffer` of a source: a view only gets one from `view_init`, which runs
+    /// when the graph allocator places it, so a view freshly made in a graph has none.
+    fn own_storage(t: &Tensor) -> Option<&graph::TensorStorage> {
+        if t.view_src().is_some() {
+            None
+        } else {
+            t.storage()
+        }
+    }
+
+    /// `ggml_backend_sched_backend_from_buffer`.
+    fn backend_from_buffer(&self, ctx: &Context, t: &Tensor, op: TensorId) -> i32 {
+        let Some(st) = Self::root_storage(ctx, t) else {
+            return -1;
+        };
+        let Some(buft) = storage_buffer_type(st) else {
+            return -1;
+        };
+        for (i, d) in self.devices.iter().enumerate() {
+            if d.supports_buft(buft) && d.supports_op(ctx, op) {
+                return i as i32;
+            }
+        }
+        tracing::debug!(
+            tensor = t.name(),
+            buffer = buft.name(),
+            "no backend supports the op with a weight in this buffer type; it will be copied"
+        );
+        -1
+    }
+
+    /// `ggml_backend_sched_backend_id_from_cur`.
+    fn backend_id_from_cur(&self, ctx: &Context, id: TensorId) -> Result<(i32, Cause)> {
+        let t = ctx.get(id)?;
+        let b = self.backend_from_buffer(ctx, t, id);
+        if b != -1 {
+            return Ok((b, Cause::Dst));
+        }
+        if let Some(vs) = t.view_src() {
+            let b = self.backend_from_buffer(ctx, ctx.get(vs)?, id);
+            if b != -1 {
+                return Ok((b, Cause::ViewSrc));
+            }
+        }
+        if let Some(st) = Self::root_storage(ctx, t) {
+            let buffer = storage_buffer_type(st).map_or("?", |b| b.name()).to_owned();
+            return Err(SchedError::PreallocatedUnsupported {
+                tensor: t.name().to_owned(),
+                buffer,
+                op: t.op().name(),
+            });
+        }
+        if t.flags().contains(TensorFlags::INPUT) {
+            return Ok((self.backends.len() as i32 - 1, Cause::Input));
+        }
+        let last = self.backends.len() as i32 - 1;
+        for (i, s) in t.srcs_used().iter().enumerate() {
+            let Some(s) = *s else { continue };
+            if t.op() == Op::Rope {
+                continue;
+            }
+            let src = ctx.get(s)?;
+            let Some(st) = Self::own_storage(src) else {
+                continue;
+            };
+            if storage_usage(st) != Some(BufferUsage::Weights) {
+                continue;
+            }
+            let sb = self.backend_from_buffer(ctx, src, id);
+            if sb == last && storage_buffer_type(st).is_some_and(BufferType::is_host) {
+                for b in 0..sb as usize {
+                    if self.devices[b].supports_op(ctx, id) && self.devices[b].offload_op(ctx, id) {
+                        return Ok((b as i32, Cause::Offload));
+                    }
+                }
+            }
+            return Ok((sb, Cause::Weight(i as u8)));
+        }
+        Ok((-1, Cause::None))
+    }
+
+    /// `ggml_backend_sched_buffer_supported`.
+    fn buffer_supported(&self, ctx: &Context, t: TensorId, b: usize) -> bool {
+        let Ok(tt) = ctx.get(t) else { return false };
+        let buft = match Self::root_storage(ctx, tt) {
+            Some(st) => storage_buffer_type(st),
+            None => {
+                let mut id = self.bid(t);
+                if id == -1 {
+                    id = self.bid_opt(tt.view_src());
+                }
+                if id != -1 {
+                    Some(&self.bufts[id as usize])
+                } else {
+                    None
+                }
+            }
+        };
+        buft.is_some_and(|bt| self.devices[b].supports_buft(bt))
+    }
+
+    fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: i32) {
+        if self.devices[cur as usize].supports_op(ctx, node) {
+            self.set_bid(node, cur, Cause::Expand);
+        }
+    }
+
+    fn is_view_op(ctx: &Context, id: TensorId) -> bool {
+        ctx.get(id).is_ok_and(|t| t.op().is_view_op())
+    }
+
+    // ---- rewrites of the caller's graph ----
+
+    fn apply_rewrites(&mut self, ctx: &mut Context) {
+        if self.rewritten {
+            return;
+        }
+        for r in &self.rewrites {
+            let _ = ctx.set_src(r.node, r.slot as usize, Some(r.copy));
+        }
+        self.rewritten = true;
+    }
+
+    fn restore_rewrites(&mut self, ctx: &mut Context) {
+        if !self.rewritten {
+            return;
+        }
+        for r in self.rewrites.iter().rev() {
+            // A node the caller has rewound away is skipped (set_src checks liveness).
+            if ctx
+                .get(r.node)
+                .is_ok_and(|t| t.src(r.slot as usize) == Some(r.copy))
+            {
+                let _ = ctx.set_src(r.node, r.slot as usize, Some(r.original));
+            }
+        }
+        self.rewritten = false;
+    }
+
+    /// The source the allocator and backends see in slot `j` of `node` (the input copy where
+    /// the last split made one).
+    pub fn effective_src(&self, ctx: &Context, node: TensorId, j: usize) -> Option<TensorId> {
+        let s = ctx.get(node).ok()?.src(j)?;
+        if self.rewritten {
+            return Some(s);
+        }
+        self.rewrites
+            .iter()
+            .find(|r| r.node == node && r.slot as usize == j && r.original == s)
+            .map_or(Some(s), |r| Some(r.copy))
+    }
+
+    // ---- the passes ----
+
+    fn check_capacity(&self, graph: &Graph) -> Result<()> {
+        if self.strict {
+            let cap = crate::hash_size(self.graph_size);
+            let n = graph.n_nodes() + graph.n_leafs();
+            if n > cap {
+                return Err(SchedError::GraphTooLarge { n, capacity: cap });
+            }
+        }
+        Ok(())
+    }
+
+    /// Assign backends and cut `graph` into splits with input copies, without allocating
+    /// (`ggml_backend_sched_split_graph`; what [`Scheduler::reserve`] and
+    /// [`Scheduler::alloc_graph`] do first). Copies and dependency views are created in
+    /// `ctx`. On return the caller's graph has its original sources again.
+    pub fn split_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        self.check_capacity(graph)?;
+        let r = self.split_graph_impl(ctx, graph);
+        self.restore_rewrites(ctx);
+        r
+    }
+
+    fn split_graph_impl(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        self.restore_rewrites(ctx);
+        self.rewrites.clear();
+        // copies made by an earlier split may have been rewound away with the caller's
+        // context; every split makes its own (the seed relies on a reset in between)
+        self.copy_epoch = self.copy_epoch.wrapping_add(1).max(1);
+        self.copy_table.clear();
+        self.n_splits = 0;
+        self.graph_inputs.clear();
+        self.is_reset = false;
+
+        let nodes = graph.nodes();
+        let leafs = graph.leafs();
+        let n_b = self.backends.len() as i32;
+
+        // pass 1: pre-allocated tensors, inputs, ops on weights
+        for &leaf in leafs {
+            if self.bid(leaf) == -1 {
+                let (b, c) = self.backend_id_from_cur(ctx, leaf)?;
+                self.set_bid(leaf, b, c);
+            }
+        }
+        for &node in nodes {
+            if self.bid(node) == -1 {
+                let (b, c) = self.backend_id_from_cur(ctx, node)?;
+                self.set_bid(node, b, c);
+            }
+        }
+
+        // pass 2: expand non-CPU backends down and up, then every backend down and up
+        let mut compute_nodes = std::mem::take(&mut self.scratch);
+        compute_nodes.clear();
+        for &n in nodes {
+            if !ctx.get(n)?.op().is_view_op() {
+                compute_nodes.push(n);
+            }
+        }
+        for only_gpu in [true, false] {
+            for up in [false, true] {
+                let mut cur: i32 = -1;
+                for k in 0..compute_nodes.len() {
+                    let node = if up {
+                        compute_nodes[compute_nodes.len() - 1 - k]
+                    } else {
+                        compute_nodes[k]
+                    };
+                    let b = self.bid(node);
+                    if b != -1 {
+                        cur = if only_gpu && b == n_b - 1 { -1 } else { b };
+                    } else if cur != -1 {
+                        self.set_if_supported(ctx, node, cur);
+                    }
+                }
+            }
+        }
+
+        // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
+        // nodes to a higher-priority backend with the same buffer type
+        for &node in &compute_nodes {
+            let t = ctx.get(node)?;
+            let srcs = t.srcs_used();
+            let b = self.bid(node);
+            if b == -1 {
+                let mut best = -1i32;
+                for cand in 0..self.backends.len() {
+                    if !self.devices[cand].supports_op(ctx, node) {
+                        continue;
+                    }
+                    let mut n_supported = 0;
+                    for s in srcs.iter().flatten() {
+                        let vs = ctx.get(*s)?.view_src();
+                        if (self.bid(*s) != -1 || self.bid_opt(vs) != -1)
+                            && self.buffer_supported(ctx, *s, cand)
+                        {
+                            n_supported += 1;
+                        }
+                    }
+                    if n_supported > best {
+                        best = n_supported;
+                        self.set_bid(node, cand as i32, Cause::Best);
+                    }
+                }
+            } else {
+                for cand in 0..b as usize {
+                    if self.bufts[cand] == self.bufts[b as usize]
+                        && self.devices[cand].supports_op(ctx, node)
+                    {
+                        let ok = srcs
+                            .iter()
+                            .flatten()
+                            .all(|s| self.buffer_supported(ctx, *s, cand));
+                        if ok {
+                            self.set_bid(node, cand as i32, Cause::Upgrade);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.scratch = compute_nodes;
+
+        // pass 4: sources and views without a backend follow their root or their consumer
+        for &node in nodes {
+            let t = ctx.get(node)?;
+            let srcs = t.srcs_used();
+            let vs = t.view_src();
+            if let Some(vs) = vs
+                && self.bid(node) == -1
+            {
+                let b = self.bid(vs);
+                if b != -1 {
+                    self.set_bid(node, b, Cause::FromViewSrc);
+                }
+            }
+            let cur = self.bid(node);
+            for s in srcs.iter().flatten() {
+                if self.bid(*s) == -1 {
+                    match ctx.get(*s)?.view_src() {
+                        Some(svs) => {
+                            let b = self.bid(svs);
+                            if b != -1 {
+                                self.set_bid(*s, b, Cause::FromViewSrc);
+                            }
+                        }
+                        None => {
+                            if cur != -1 {
+                                self.set_bid(*s, cur, Cause::FromConsumer);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        // pass 5: splits and input copies
+        self.pass5(ctx, graph)?;
+
+        if self.debug > 0 {
+            let mut s = String::new();
+            self.write_layout(ctx, graph, self.debug, &mut s);
+            tracing::debug!(target: "sched", "{s}");
+        }
+
+        self.build_alloc_graph(ctx, graph)
+    }
+
+    fn new_split(&mut self, i_split: usize, backend: usize, start: usize) {
+        if i_split < self.splits.len() {
+            let s = &mut self.splits[i_split];
+            s.backend = backend;
+            s.start = start;
+            s.end = start;
+            s.inputs.clear();
+        } else {
+            self.splits.push(Split {
+                backend,
+                start,
+                end: start,
+                inputs: Vec::with_capacity(MAX_SPLIT_INPUTS),
+            });
+        }
+    }
+
+    fn make_copy(
+        &mut self,
+        ctx: &mut Context,
+        src: TensorId,
+        backend: usize,
+        c: usize,
+    ) -> Result<TensorId> {
+        let copy = ctx.new_tensor_same_layout(src)?;
+        let mut name = TensorName::EMPTY;
+        let _ = write!(
+            name,
+            "{}#{}#{}",
+            self.backends[backend].name(),
+            ctx[src].name(),
+            c
+        );
+        ctx.set_name(copy, name.as_str())?;
+        self.set_bid(copy, -1, Cause::Copy);
+        Ok(copy)
+    }
+
+    fn pass5(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        let nodes = graph.nodes();
+        let mut i_split = 0usize;
+        // the first split's backend: the first non-view node's (kept from the last plan when
+        // every node is a view, as the seed does)
+        let mut i = 0;
+        let mut first_backend = self.splits.first().map_or(0, |s| s.backend);
+        while i < nodes.len() {
+            if !Self::is_view_op(ctx, nodes[i]) {
+                let b = self.bid(nodes[i]);
+                if b < 0 {
+                    let t = &ctx[nodes[i]];
+                    return Err(SchedError::NoBackendForOp {
+                        tensor: t.name().to_owned(),
+                        op: t.op().name(),
+                    });
+                }
+                first_backend = b as usize;
+                break;
+            }
+            i += 1;
+        }
+        self.new_split(0, first_backend, 0);
+        let mut cur = first_backend as i32;
+        while i < nodes.len() {
+            let node = nodes[i];
+            let t = ctx.get(node)?;
+            if t.op().is_view_op() {
+                i += 1;
+                continue;
+            }
+            let n_src = t.srcs_used().len();
+            let srcs = *t.srcs();
+            let srcs = &srcs[..n_src];
+            let nb = self.bid(node);
+            if nb < 0 {
+                return Err(SchedError::NoBackendForOp {
+                    tensor: t.name().to_owned(),
+                    op: t.op().name(),
+                });
+            }
+
+            let mut need_new_split = false;
+            let n_inputs = self.splits[i_split].inputs.len();
+            if nb == cur && n_inputs > 0 {
+                for s in srcs.iter().flatten() {
+                    let st = ctx.get(*s)?;
+                    if let Some(sst) = Self::own_storage(st)
+                        && storage_usage(sst) == Some(BufferUsage::Weights)
+                    {
+                        let sb = self.bid(*s);
+                        if sb != cur && !self.buffer_supported(ctx, *s, cur as usize) {
+                            need_new_split = true;
+                            break;
+                        }
+                    }
+                    if n_inputs >= MAX_SPLIT_INPUTS {
+                        let sb = self.bid(*s);
+                        let supported = self.buffer_supported(ctx, *s, cur as usize);
+                        if sb != cur && self.get_copy(*s, cur as usize, 0).is_none() && !supported {
+                            need_new_split = true;
+                            break;
+                        }
+                    }
+                }
+            }
+
+            if nb != cur || need_new_split {
+                self.splits[i_split].end = i;
+                i_split += 1;
+                self.new_split(i_split, nb as usize, i);
+                cur = nb;
+            }
+
+            for (j, s) in srcs.iter().enumerate() {
+                let Some(src) = *s else { continue };
+                let sb = self.bid(src);
+                if self.n_copies > 1
+                    && ctx.get(src)?.flags().contains(TensorFlags::INPUT)
+                    && sb >= 0
+                    && self.get_copy(src, sb as usize, 0).is_none()
+                {
+                    for c in 0..self.n_copies {
+                        let copy = if c == self.cur_copy {
+                            src
+                        } else {
+                            self.make_copy(ctx, src, sb as usize, c)?
+                        };
+                        ctx.set_input(copy)?;
+                        ctx.set_output(copy)?;
+                        self.set_copy(src, sb as usize, c, copy);
+                    }
+                    if self.strict && self.graph_inputs.len() >= MAX_SPLIT_INPUTS {
+                        return Err(SchedError::TooManyGraphInputs {
+                            limit: MAX_SPLIT_INPUTS,
+                        });
+                    }
+                    self.graph_inputs.push(src);
+                }
+
+                if sb != cur && !self.buffer_supported(ctx, src, cur as usize) {
+                    let cu = cur as usize;
+                    if self.get_copy(src, cu, 0).is_none() {
+                        for c in 0..self.n_copies {
+                            let copy = self.make_copy(ctx, src, cu, c)?;
+                            if self.n_copies > 1 {
+                                ctx.set_input(copy)?;
+                                ctx.set_output(copy)?;
+                            }
+                            self.set_copy(src, cu, c, copy);
+                        }
+                        if self.strict && self.splits[i_split].inputs.len() >= MAX_SPLIT_INPUTS {
+                            return Err(SchedError::TooManySplitInputs {
+                                split: i_split,
+                                limit: MAX_SPLIT_INPUTS,
+                            });
+                        }
+                        self.splits[i_split].inputs.push(src);
+                    }
+                    let copy = self
+                        .get_copy(src, cu, self.cur_copy)
+                        .expect("copies for every pipeline copy were just made");
+                    ctx.set_src(node, j, Some(copy))?;
+                    self.rewritten = true;
+                    self.rewrites.push(Rewrite {
+                        node,
+                        slot: j as u8,
+                        original: src,
+                        copy,
+                    });
+                }
+            }
+            i += 1;
+        }
+        self.splits[i_split].end = nodes.len();
+        self.n_splits = i_split + 1;
+        Ok(())
+    }
+
+    fn build_alloc_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        std::mem::swap(&mut self.node_ids, &mut self.prev_node_ids);
+        std::mem::swap(&mut self.leaf_ids, &mut self.prev_leaf_ids);
+
+        let n_inputs: usize = self.splits[..self.n_splits]
+            .iter()
+            .map(|s| s.inputs.len())
+            .sum();
+        let size = graph.n_nodes().max(graph.n_leafs())
+            + (n_inputs + self.graph_inputs.len()) * 2 * self.n_copies;
+        let cap = self.alloc_graph.capacity().max(size);
+        self.alloc_graph.reset_capacity(cap);
+        // positions keep values from older plans beyond the current length, as in the seed
+        if self.node_ids.len() < size {
+            self.node_ids.resize(size, 0);
+        }
+        if self.leaf_ids.len() < size {
+            self.leaf_ids.resize(size, 0);
+        }
+
+        let mut n = 0usize;
+        for si in 0..self.n_splits {
+            let backend = self.splits[si].backend;
+            for k in 0..self.splits[si].inputs.len() {
+                let input = self.splits[si].inputs[k];
+                let copy = self
+                    .get_copy(input, backend, self.cur_copy)
+                    .expect("every split input has copies");
+                let dep = ctx.view_tensor(input)?;
+                ctx.set_src(dep, 0, Some(input))?;
+                self.node_ids[n] = self.bid(input);
+                self.alloc_graph.add_node(dep)?;
+                n += 1;
+                self.node_ids[n] = backend as i32;
+                self.alloc_graph.add_node(copy)?;
+                n += 1;
+            }
+            let (start, end) = (self.splits[si].start, self.splits[si].end);
+            for &node in &graph.nodes()[start..end] {
+                self.node_ids[n] = self.bid(node);
+                self.alloc_graph.add_node(node)?;
+                n += 1;
+            }
+        }
+
+        let mut l = 0usize;
+        if self.n_copies > 1 {
+            for gi in 0..self.graph_inputs.len() {
+                let input = self.graph_inputs[gi];
+                let b = self.bid(input);
+                for c in 0..self.n_copies {
+                    let copy = self
+                        .get_copy(input, b as usize, c)
+                        .expect("graph inputs have copies");
+                    self.leaf_ids[l] = b;
+                    self.alloc_graph.add_leaf(copy)?;
+                    l += 1;
+                }
+            }
+            for si in 0..self.n_splits {
+                let backend = self.splits[si].backend;
+                for k in 0..self.splits[si].inputs.len() {
+                    let input = self.splits[si].inputs[k];
+                    for c in 0..self.n_copies {
+                        let copy = self
+                            .get_copy(input, backend, c)
+                            .expect("split inputs have copies");
+                        self.leaf_ids[l] = backend as i32;
+                        self.alloc_graph.add_leaf(copy)?;
+                        l += 1;
+                    }
+                }
+            }
+        }
+        for &leaf in graph.leafs() {
+            self.leaf_ids[l] = self.bid(leaf);
+            self.alloc_graph.add_leaf(leaf)?;
+            l += 1;
+        }
+        Ok(())
+    }
+
+    // ---- allocation ----
+
+    fn buft_of(&self, id: i32) -> Option<&BufferType> {
+        (id >= 0).then(|| &self.bufts[id as usize])
+    }
+
+    fn fill_buffer_ids(&mut self) {
+        let last = self.backends.len() - 1;
+        let clamp = |b: i32| if b < 0 { last } else { b as usize };
+        let nn = self.alloc_graph.n_nodes();
+        let nl = self.alloc_graph.n_leafs();
+        self.node_buf_ids.clear();
+        self.node_buf_ids
+            .extend(self.node_ids[..nn].iter().map(|&b| clamp(b)));
+        self.leaf_buf_ids.clear();
+        self.leaf_buf_ids
+            .extend(self.leaf_ids[..nl].iter().map(|&b| clamp(b)));
+    }
+
+    fn reserve_alloc_graph(&mut self, ctx: &Context) -> Result<()> {
+        self.fill_buffer_ids();
+        self.galloc.reserve_n(
+            ctx,
+            &self.alloc_graph,
+            &self.node_buf_ids,
+            &self.leaf_buf_ids,
+        )?;
+        Ok(())
+    }
+
+    /// `ggml_backend_sched_alloc_splits`.
+    fn alloc_splits(&mut self, ctx: &mut Context) -> Result<()> {
+        let nn = self.alloc_graph.n_nodes();
+        let nl = self.alloc_graph.n_leafs();
+        let changed_at = |ids: &[i32], prev: &[i32], n: usize| {
+            (0..n).any(|i| {
+                let p = prev.get(i).copied().unwrap_or(0);
+                ids[i] != p && self.buft_of(ids[i]) != self.buft_of(p)
+            })
+        };
+        let changed = changed_at(&self.node_ids, &self.prev_node_ids, nn)
+            || changed_at(&self.leaf_ids, &self.prev_leaf_ids, nl);
+
+        let needs_reserve = changed
+            || match self.galloc.alloc_graph(ctx, &self.alloc_graph) {
+                Ok(()) => false,
+                Err(AllocError::NeedsReserve) => true,
+                Err(e) => return Err(e.into()),
+            };
+        if needs_reserve {
+            // the new plan may move split inputs
+            self.synchronize()?;
+            tracing::debug!(
+                backend_ids_changed = changed,
+                "failed to allocate graph, reserving"
+            );
+            self.reserve_alloc_graph(ctx)?;
+            self.galloc.alloc_graph(ctx, &self.alloc_graph)?;
+        }
+        Ok(())
+    }
+
+    /// Plan compute memory for a worst-case graph (`ggml_backend_sched_reserve`): split it,
+    /// size every backend's compute buffer, then reset. The graph is left as it was.
+    pub fn reserve(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        self.check_capacity(graph)?;
+        let r = self.split_graph_impl(ctx, graph).and_then(|()| {
+            self.apply_rewrites(ctx);
+            self.synchronize()?;
+            self.reserve_alloc_graph(ctx)
+        });
+        self.restore_rewrites(ctx);
+        r?;
+        self.reset();
+        Ok(())
+    }
+
+    /// Assign, split and allocate `graph` (`ggml_backend_sched_alloc_graph`). Re-plans memory
+    /// only when a node's backend moved to another buffer type or the plan does not fit.
+    /// The graph is left with its original sources; compute applies the copies again.
+    pub fn alloc_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        self.check_capacity(graph)?;
+        let r = self.split_graph_impl(ctx, graph).and_then(|()| {
+            self.apply_rewrites(ctx);
+            self.alloc_splits(ctx)
+        });
+        self.restore_rewrites(ctx);
+        r?;
+        self.is_alloc = true;
+        Ok(())
+    }
+
+    // ---- compute ----
+
+    /// Compute `graph` and wait for every backend (`ggml_backend_sched_graph_compute`).
+    pub fn graph_compute(&mut self, ctx: &mut Context, graph: &Graph) -> Result<ComputeStatus> {
+        let r = self.graph_compute_async(ctx, graph);
+        let s = self.synchronize();
+        let status = r?;
+        s?;
+        Ok(status)
+    }
+
+    /// Compute `graph` without waiting for the last backend
+    /// (`ggml_backend_sched_graph_compute_async`): allocates first if needed.
+    pub fn graph_compute_async(
+        &mut self,
+        ctx: &mut Context,
+        graph: &Graph,
+    ) -> Result<ComputeStatus> {
+        if !self.is_reset && !self.is_alloc {
+            self.reset();
+        }
+        if !self.is_alloc {
+            self.alloc_graph(ctx, graph)?;
+        }
+        self.apply_rewrites(ctx);
+        let r = self.compute_splits(ctx, graph);
+        self.restore_rewrites(ctx);
+        r
+    }
+
+    /// Wait for every backend (`ggml_backend_sched_synchronize`).
+    pub fn synchronize(&self) -> Result<()> {
+        for b in &self.backends {
+            b.synchronize()?;
+        }
+        Ok(())
+    }
+
+    fn event(&self, b: usize, c: usize) -> Option<&Event> {
+        self.events[b * self.n_copies + c].as_ref()
+    }
+
+    fn compute_splits(&mut self, ctx: &mut Context, graph: &Graph) -> Result<ComputeStatus> {
+        for si in 0..self.n_splits {
+            let split_backend_id = self.splits[si].backend;
+            let split_backend = self.backends[split_backend_id].clone();
+            let event = self.event(split_backend_id, self.cur_copy).cloned();
+
+            for k in 0..self.splits[si].inputs.len() {
+                let input = self.splits[si].inputs[k];
+                let ib = self.bid(input);
+                if ib < 0 {
+                    return Err(SchedError::UnassignedInput(ctx[input].name().to_owned()));
+                }
+                let input_backend = &self.backends[ib as usize];
+                let copy = self
+                    .get_copy(input, split_backend_id, self.cur_copy)
+                    .expect("every split input has copies");
+                if ctx.get(input)?.flags().contains(TensorFlags::INPUT) {
+                    // user inputs are copied at once: the user may overwrite them after return
+                    match &event {
+                        Some(e) => e.synchronize()?,
+                        None => split_backend.synchronize()?,
+                    }
+                    backend_core::tensor_copy(ctx, input, copy)?;
+                } else {
+                    // wait until the split backend is done with the copy's previous contents
+                    match &event {
+                        Some(e) => split_backend.event_wait(e)?,
+                        None => split_backend.synchronize()?,
+                    }
+                    let queued = split_backend.implementation().cpy_tensor_async(
+                        input_backend,
+                        ctx.get(input)?,
+                        ctx.get(copy)?,
+                    )?;
+                    if !queued {
+                        input_backend.synchronize()?;
+                        match &event {
+                            Some(e) => e.synchronize()?,
+                            None => split_backend.synchronize()?,
+                        }
+                        backend_core::tensor_copy(ctx, input, copy)?;
+                    }
+                }
+            }
+
+            let (start, end) = (self.splits[si].start, self.splits[si].end);
+            let split_nodes = &graph.nodes()[start..end];
+            match self.callback.as_mut() {
+                None => {
+                    let st = split_backend
+                        .graph_compute_async(ctx, graph::GraphView::new(split_nodes, &[]))?;
+                    if st != ComputeStatus::Success {
+                        return Ok(st);
+                    }
+                }
+                Some(cb) => {
+                    let mut j0 = 0;
+                    while j0 < split_nodes.len() {
+                        let mut t = split_nodes[j0];
+                        let mut need = cb(ctx, t, true);
+                        let mut j1 = j0;
+                        while !need && j1 + 1 < split_nodes.len() {
+                            j1 += 1;
+                            t = split_nodes[j1];
+                            need = cb(ctx, t, true);
+                        }
+                        let view = graph::GraphView::new(&split_nodes[j0..=j1], &[]);
+                        let st = split_backend.graph_compute_async(ctx, view)?;
+                        if st != ComputeStatus::Success {
+                            return Ok(st);
+                        }
+                        split_backend.synchronize()?;
+                        if need && !cb(ctx, t, false) {
+                            break;
+                        }
+                        j0 = j1 + 1;
+                    }
+                }
+            }
+
+            if !self.splits[si].inputs.is_empty()
+                && let Some(e) = &event
+            {
+                split_backend.event_record(e)?;
+            }
+        }
+        self.cur_copy = (self.cur_copy + 1) % self.n_copies;
+        Ok(ComputeStatus::Success)
+    }
+
+    // ---- printing ----
+
+    /// Write the plan of the last split of `graph` in the seed's `GGML_SCHED_DEBUG` layout
+    /// (level 1: split headers; 2: also one line per non-view node with its sources), with the
+    /// assigning pass in the cause column (the seed compiles causes out and prints it empty).
+    pub fn write_layout(&self, ctx: &Context, graph: &Graph, level: u32, out: &mut String) {
+        crate::print::write_layout(self, ctx, graph, level, out);
+    }
+}
