@@ -529,6 +529,12 @@ pub fn storage_usage(storage: &graph::TensorStorage) -> Option<BufferUsage> {
     shared_of(storage).map(|s| BufferUsage::from_u8(s.usage.load(Ordering::Relaxed)))
 }
 
+/// Whether the buffer behind `storage` may be written (`None` if it is not one of ours).
+/// Kernels that write through raw host pointers ask this before computing into a tensor.
+pub fn storage_is_writable(storage: &graph::TensorStorage) -> Option<bool> {
+    shared_of(storage).map(BufferShared::is_writable)
+}
+
 /// The buffer type of the buffer behind `storage`, without cloning a handle.
 pub fn storage_buffer_type(storage: &graph::TensorStorage) -> Option<&BufferType> {
     shared_of(storage).map(|s| &s.buft)

@@ -22,7 +22,7 @@ mod tensor;
 pub use backend::{Backend, BackendImpl, ComputeStatus, GraphPlan, Guid};
 pub use buffer::{
     AccessGuard, Buffer, BufferImpl, BufferShared, BufferType, BufferTypeImpl, BufferUsage,
-    storage_buffer_type, storage_usage,
+    storage_buffer_type, storage_is_writable, storage_usage,
 };
 pub use device::{Device, DeviceCaps, DeviceImpl, DeviceProps, DeviceType};
 pub use error::{BackendError, Result};

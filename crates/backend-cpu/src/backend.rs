@@ -59,6 +59,22 @@ fn compute_nodes(
     graph: GraphView<'_>,
     opts: &ComputeOptions,
 ) -> Result<ComputeStatus> {
+    // The kernels write through raw host pointers: refuse, before anything runs, a node whose
+    // bytes live in read-only memory (a read-only mapping of a weights file would fault).
+    for &id in graph.nodes {
+        let t = ctx.get(id)?;
+        if t.op() != graph::Op::None
+            && !t.op().is_view_op()
+            && let Some(st) = t.storage()
+            && backend_core::storage_is_writable(st) == Some(false)
+        {
+            return Err(BackendError::read_only(format!(
+                "CPU: node {:?} ({}) writes into read-only memory",
+                id,
+                t.name()
+            )));
+        }
+    }
     let kernels = engine.get(opts.n_threads);
     let kopts = cpu_kernels::ComputeOptions {
         n_threads: opts.n_threads,
