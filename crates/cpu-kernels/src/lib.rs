@@ -32,14 +32,21 @@
 //!   weights are dequantized into a per-thread f32 panel first. Thin products (decode: 1 to 15
 //!   columns) are memory bound, so they take a dot-product path: f32/f16/bf16 rows against
 //!   f32 columns; for q8_0/q4_0 weights the columns are quantized to q8_0 once and each row is
-//!   dotted block by block with integer sums, as ggml does.
+//!   dotted block by block with integer sums, as ggml does. The crate is compiled for the
+//!   baseline x86-64 target, so these dot products have AVX2/FMA/F16C versions chosen at run
+//!   time (`quant`'s `x86` module; the quantized ones use intrinsics, ggml's scheme).
 //! * **`half`** converts f16/bf16: it is the standard crate for these types, exact in both
 //!   directions (round to nearest even), and uses the F16C instructions when the CPU has them.
 //! * **Threads**: a persistent pool (see `pool`), work split per op into row units; ops below
 //!   a work threshold run on the calling thread only.
 //! * **Memory**: all raw pointer work on tensor bytes is in one module (`mem`); kernels read
 //!   rows into per-thread f32 scratch and write results back, which makes in-place ops and
-//!   arbitrary strides correct.
+//!   arbitrary strides correct. The only other `unsafe` code: the pool's lifetime-erased job
+//!   pointer (`pool`) and the SIMD loads from block slices (`quant`). Miri runs the test suite
+//!   with small shapes (the gemm path, which needs large shapes and SIMD, is skipped there).
+//! * **Bad input** (unallocated or non-host tensors, out-of-range row indices, unsupported
+//!   nodes) gives a [`BackendError`], never a panic. Writing through a buffer over read-only
+//!   host memory is the buffer's business: this crate trusts `host_ptr`.
 //!
 //! ```
 //! use backend_core::ComputeStatus;

@@ -81,9 +81,9 @@ pub(crate) fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
 /// Σ over blocks of `d_a · d_b · Σ q_a · q_b` for a q4_0 row and a q8_0 row.
 pub(crate) fn dot_q4_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above), the only requirement of the
-        // target-feature function.
+    if x86::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above), the only requirement
+        // of the target-feature function.
         return unsafe { x86::dot_q4_0_q8_0(a, b) };
     }
     dot_q4_0_q8_0_body(a, b)
@@ -110,8 +110,8 @@ fn dot_q4_0_q8_0_body(a: &[u8], b: &[u8]) -> f32 {
 /// Σ over blocks of `d_a · d_b · Σ q_a · q_b` for two q8_0 rows.
 pub(crate) fn dot_q8_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if x86::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
         return unsafe { x86::dot_q8_0_q8_0(a, b) };
     }
     dot_q8_0_q8_0_body(a, b)
@@ -171,18 +171,93 @@ fn dot_f32_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
 
 /// The same bodies compiled for AVX2 (+FMA), chosen at run time: the crate is built for the
 /// baseline x86-64 target, where the compiler may only use SSE2.
+///
+/// The quantized dots are written with intrinsics (ggml's scheme: widen the nibbles to
+/// bytes, multiply signed bytes pairwise with `maddubs` after moving the sign to the other
+/// operand, add pairs to i32 lanes, scale by the two f16 block scales in f32).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86 {
+    use std::arch::x86_64::*;
+
+    pub(super) fn has_avx2_fma_f16c() -> bool {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         super::dot_f32_body::<true>(a, b)
     }
-    #[target_feature(enable = "avx2")]
-    pub(super) fn dot_q4_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
-        super::dot_q4_0_q8_0_body(a, b)
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn h2f(lo: u8, hi: u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+            u16::from_le_bytes([lo, hi]),
+        ))))
     }
-    #[target_feature(enable = "avx2")]
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Σ qx·qy over 32 signed bytes as 8 f32 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn mul_sum_i8(qx: __m256i, qy: __m256i) -> __m256 {
+        let ax = _mm256_sign_epi8(qx, qx);
+        let sy = _mm256_sign_epi8(qy, qx);
+        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+        _mm256_cvtepi32_ps(dot)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn dot_q4_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let m4 = _mm_set1_epi8(0x0f);
+        let eight = _mm256_set1_epi8(8);
+        for (x, y) in a
+            .chunks_exact(super::Q4_0_BYTES)
+            .zip(b.chunks_exact(super::Q8_0_BYTES))
+        {
+            let d = h2f(x[0], x[1]) * h2f(y[0], y[1]);
+            // SAFETY: `x` is an 18-byte block, so the 16 bytes from offset 2 are inside it;
+            // `y` is a 34-byte block, so the 32 bytes from offset 2 are inside it. The loads
+            // are unaligned loads.
+            let (qx, qy) = unsafe {
+                (
+                    _mm_loadu_si128(x.as_ptr().add(2).cast()),
+                    _mm256_loadu_si256(y.as_ptr().add(2).cast()),
+                )
+            };
+            let lo = _mm_and_si128(qx, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qx), m4);
+            let qx = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8(qx, qy), acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn dot_q8_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
-        super::dot_q8_0_q8_0_body(a, b)
+        let mut acc = _mm256_setzero_ps();
+        for (x, y) in a
+            .chunks_exact(super::Q8_0_BYTES)
+            .zip(b.chunks_exact(super::Q8_0_BYTES))
+        {
+            let d = h2f(x[0], x[1]) * h2f(y[0], y[1]);
+            // SAFETY: both are 34-byte blocks: the 32 bytes from offset 2 are inside them.
+            let (qx, qy) = unsafe {
+                (
+                    _mm256_loadu_si256(x.as_ptr().add(2).cast()),
+                    _mm256_loadu_si256(y.as_ptr().add(2).cast()),
+                )
+            };
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8(qx, qy), acc);
+        }
+        hsum(acc)
     }
 }

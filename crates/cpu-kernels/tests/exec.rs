@@ -77,7 +77,7 @@ fn plans_reuse_scratch_and_reject_other_graphs() {
             .unwrap(),
         ComputeStatus::Success
     );
-    let first = read(&ctx, z);
+    let (first_y, first_z) = (read(&ctx, y), read(&ctx, z));
     let bytes = plan.scratch_bytes();
     assert!(bytes > 0);
     for _ in 0..3 {
@@ -89,7 +89,12 @@ fn plans_reuse_scratch_and_reject_other_graphs() {
             "scratch must be reused, not regrown"
         );
     }
-    assert_eq!(read(&ctx, z), first);
+    // y has no transcendental op: bit-identical. z (silu) within f32 rounding (Miri perturbs
+    // exp's last bits on purpose).
+    assert_eq!(read(&ctx, y), first_y);
+    for (a, b) in read(&ctx, z).iter().zip(&first_z) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0));
+    }
     // A different node list is refused until the plan is updated.
     let sub = g.view(0..1);
     assert!(cpu.compute_plan(&mut plan, &ctx, sub, None).is_err());
