@@ -133,7 +133,11 @@ fn a_device_without_some_ops_splits_more_and_still_equals_cpu_alone() {
         let got = s.step(step);
         assert!(got == want, "step {step}: logits differ");
     }
-    assert!(s.sched.n_splits() > 2 * cfg.n_layer, "{} splits", s.sched.n_splits());
+    assert!(
+        s.sched.n_splits() > 2 * cfg.n_layer,
+        "{} splits",
+        s.sched.n_splits()
+    );
     assert!(s.model.caches() == reference.model.caches());
 }
 
@@ -145,9 +149,16 @@ fn eval_callback_observes_nodes_with_cpu_alone_values() {
     let watched = ["attn_out.0", "kq_soft.1", "attn_out.2", "l_out.2"];
     let mut reference = Reference::new(&cfg, SEED, &watched);
     let want = reference.step(7);
-    let mut s = setup(&cfg, TestDeviceConfig::named("D").default_latency(Duration::from_micros(50)), 1, 2);
-    let watched_ids: Vec<(String, TensorId)> =
-        watched.iter().map(|n| (n.to_string(), s.model.id(n))).collect();
+    let mut s = setup(
+        &cfg,
+        TestDeviceConfig::named("D").default_latency(Duration::from_micros(50)),
+        1,
+        2,
+    );
+    let watched_ids: Vec<(String, TensorId)> = watched
+        .iter()
+        .map(|n| (n.to_string(), s.model.id(n)))
+        .collect();
     let seen: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
     let asked = Arc::new(Mutex::new(0usize));
     let (seen2, asked2, ids) = (seen.clone(), asked.clone(), watched_ids.clone());
@@ -170,7 +181,10 @@ fn eval_callback_observes_nodes_with_cpu_alone_values() {
     assert_eq!(names, watched, "every watched node, in graph order");
     for (n, b) in seen.iter() {
         let r = reference.model.bytes(reference.model.id(n));
-        assert!(*b == r, "{n}: value seen by the callback differs from the CPU alone");
+        assert!(
+            *b == r,
+            "{n}: value seen by the callback differs from the CPU alone"
+        );
     }
     // asked about every computed node at most once, and about most of them
     let computed = s
@@ -181,7 +195,10 @@ fn eval_callback_observes_nodes_with_cpu_alone_values() {
         .filter(|&&n| !(s.model.ctx[n].op() == Op::None || s.model.ctx[n].op().is_view_op()))
         .count();
     let a = *asked.lock().unwrap();
-    assert!(a <= s.model.graph.nodes().len() && a >= computed / 2, "asked {a} of {computed}");
+    assert!(
+        a <= s.model.graph.nodes().len() && a >= computed / 2,
+        "asked {a} of {computed}"
+    );
 }
 
 /// Returning `false` after a node stops its split: later nodes of that split are not
@@ -191,10 +208,17 @@ fn eval_callback_stopping_early_skips_the_rest_of_the_split() {
     let cfg = Cfg::tiny(3);
     // layer 0 on the CPU, the rest on the device
     let mut s = setup(&cfg, TestDeviceConfig::named("D"), 1, 1);
-    s.sched.alloc_graph(&mut s.model.ctx, &s.model.graph).unwrap();
+    s.sched
+        .alloc_graph(&mut s.model.ctx, &s.model.graph)
+        .unwrap();
     // a named node followed by other computed nodes in its split, which is not the last one
     let nodes = s.model.graph.nodes().to_vec();
-    let splits: Vec<(usize, usize)> = s.sched.splits().iter().map(|x| (x.start(), x.end())).collect();
+    let splits: Vec<(usize, usize)> = s
+        .sched
+        .splits()
+        .iter()
+        .map(|x| (x.start(), x.end()))
+        .collect();
     let (stop_name, stop_at, later) = splits[..splits.len() - 1]
         .iter()
         .find_map(|&(a, b)| {
@@ -213,8 +237,15 @@ fn eval_callback_stopping_early_skips_the_rest_of_the_split() {
     let mut s = setup(&cfg, TestDeviceConfig::named("D"), 1, 1);
     s.model.ctx.set_output(stop_at).unwrap();
     s.model.ctx.set_output(later).unwrap();
-    s.sched.alloc_graph(&mut s.model.ctx, &s.model.graph).unwrap();
-    let again: Vec<(usize, usize)> = s.sched.splits().iter().map(|x| (x.start(), x.end())).collect();
+    s.sched
+        .alloc_graph(&mut s.model.ctx, &s.model.graph)
+        .unwrap();
+    let again: Vec<(usize, usize)> = s
+        .sched
+        .splits()
+        .iter()
+        .map(|x| (x.start(), x.end()))
+        .collect();
     assert_eq!(splits, again);
     let mut reference = Reference::new(&cfg, SEED, &[&stop_name]);
     let want3 = reference.step(3);
@@ -224,17 +255,23 @@ fn eval_callback_stopping_early_skips_the_rest_of_the_split() {
     assert!(want_stop != want_stop4, "inputs change between steps");
     // A first, plain compute fills everything with step 3's values.
     assert!(s.step(3) == want3);
-    assert!(s.model.bytes(stop_at) == want_stop, "{stop_name}: {:?} vs {:?}", &s.model.bytes(stop_at)[..16], &want_stop[..16]);
+    assert!(
+        s.model.bytes(stop_at) == want_stop,
+        "{stop_name}: {:?} vs {:?}",
+        &s.model.bytes(stop_at)[..16],
+        &want_stop[..16]
+    );
     let asked: Arc<Mutex<Vec<TensorId>>> = Arc::default();
     let a2 = asked.clone();
-    s.sched.set_eval_callback(Some(Box::new(move |_ctx, t, ask| {
-        if ask {
-            a2.lock().unwrap().push(t);
-            return t == stop_at;
-        }
-        assert_eq!(t, stop_at);
-        false
-    })));
+    s.sched
+        .set_eval_callback(Some(Box::new(move |_ctx, t, ask| {
+            if ask {
+                a2.lock().unwrap().push(t);
+                return t == stop_at;
+            }
+            assert_eq!(t, stop_at);
+            false
+        })));
     // step 4 with the early stop: the split's last node keeps step 3's value; the logits are
     // computed (their split ran) but from stale values, so they are not step 4's.
     let before = s.model.bytes(later);
@@ -243,7 +280,10 @@ fn eval_callback_stopping_early_skips_the_rest_of_the_split() {
     assert!(asked.contains(&stop_at));
     assert!(!asked.contains(&later), "asked about a node after the stop");
     assert!(asked.contains(&logits), "later splits must still run");
-    assert!(s.model.bytes(later) == before, "a node after the stop was computed");
+    assert!(
+        s.model.bytes(later) == before,
+        "a node after the stop was computed"
+    );
     assert!(
         s.model.bytes(stop_at) == want_stop4,
         "the node the callback stopped at holds step 4's value"

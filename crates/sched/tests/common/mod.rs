@@ -9,7 +9,9 @@
 
 #![allow(dead_code)] // each test binary uses part of this module
 
-use backend_core::{Backend, Buffer, BufferType, BufferUsage, tensor_alloc, tensor_get, tensor_set};
+use backend_core::{
+    Backend, Buffer, BufferType, BufferUsage, tensor_alloc, tensor_get, tensor_set,
+};
 use graph::{Context, ElementType, Graph, TensorId};
 use graph_alloc::GraphAllocator;
 
@@ -151,13 +153,34 @@ impl Model {
                 gate: leaf(&mut ctx, g, w, &[e, ff], &n("ffn_gate"), se),
                 up: leaf(&mut ctx, g, w, &[e, ff], &n("ffn_up"), se),
                 down: leaf(&mut ctx, g, w, &[ff, e], &n("ffn_down"), sf),
-                cache_k: leaf(&mut ctx, g, ElementType::F16, &[cfg.n_ctx * e], &n("cache_k"), 1.0),
-                cache_v: leaf(&mut ctx, g, ElementType::F16, &[cfg.n_ctx * e], &n("cache_v"), 1.0),
+                cache_k: leaf(
+                    &mut ctx,
+                    g,
+                    ElementType::F16,
+                    &[cfg.n_ctx * e],
+                    &n("cache_k"),
+                    1.0,
+                ),
+                cache_v: leaf(
+                    &mut ctx,
+                    g,
+                    ElementType::F16,
+                    &[cfg.n_ctx * e],
+                    &n("cache_v"),
+                    1.0,
+                ),
             });
         }
         let og = cfg.n_layer + 1;
         let output_norm = leaf(&mut ctx, og, f32_, &[e], "output_norm", -1.0);
-        let output = leaf(&mut ctx, og, w, &[e, cfg.n_vocab], "output", 1.0 / (e as f32).sqrt());
+        let output = leaf(
+            &mut ctx,
+            og,
+            w,
+            &[e, cfg.n_vocab],
+            "output",
+            1.0 / (e as f32).sqrt(),
+        );
 
         // one weights buffer per group, filled from the seed
         let mut buffers = Vec::new();
@@ -234,14 +257,28 @@ impl Model {
             let kstore = c.cpy(krope, kview).unwrap();
             let vt = c.transpose(v).unwrap();
             let vview = c
-                .view_2d(l.cache_v, t, e, cfg.n_ctx as usize * es, cfg.kv_head as usize * es)
+                .view_2d(
+                    l.cache_v,
+                    t,
+                    e,
+                    cfg.n_ctx as usize * es,
+                    cfg.kv_head as usize * es,
+                )
                 .unwrap();
             let vstore = c.cpy(vt, vview).unwrap();
             graph.build_forward_expand(c, kstore).unwrap();
             graph.build_forward_expand(c, vstore).unwrap();
             let qp = c.permute(qrope, [0, 2, 1, 3]).unwrap();
             let kc = c
-                .view_3d(l.cache_k, hd, cfg.n_kv, h, e as usize * es, hd as usize * es, 0)
+                .view_3d(
+                    l.cache_k,
+                    hd,
+                    cfg.n_kv,
+                    h,
+                    e as usize * es,
+                    hd as usize * es,
+                    0,
+                )
                 .unwrap();
             let kq = c.mul_mat(kc, qp).unwrap();
             let kq = c
