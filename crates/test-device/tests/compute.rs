@@ -52,13 +52,7 @@ fn small(dev: &Device) -> Small {
     }
     tensor_set(&ctx, a, 0, &f32s(&[1.0, 2.0, 3.0, 4.0])).unwrap();
     tensor_set(&ctx, b, 0, &f32s(&[10.0, 20.0, 30.0, 40.0])).unwrap();
-    tensor_set(
-        &ctx,
-        w,
-        0,
-        &f32s(&[1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5]),
-    )
-    .unwrap();
+    tensor_set(&ctx, w, 0, &f32s(&[1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])).unwrap();
     Small {
         ctx,
         graph,
@@ -105,7 +99,9 @@ fn compute_is_queued_behind_earlier_work() {
         .tensor_set_async(&s.ctx, s.a, 0, &f32s(&[2.0, 2.0, 2.0, 2.0]))
         .unwrap();
     assert_eq!(
-        backend.graph_compute_async(&s.ctx, s.graph.as_view()).unwrap(),
+        backend
+            .graph_compute_async(&s.ctx, s.graph.as_view())
+            .unwrap(),
         ComputeStatus::Success
     );
     // nothing has run: the result is still the zeroed allocation
