@@ -141,6 +141,9 @@ fn a_device_without_some_ops_splits_more_and_still_equals_cpu_alone() {
     assert!(s.model.caches() == reference.model.caches());
 }
 
+/// Node names and bytes seen by a callback.
+type Seen = Vec<(String, Vec<u8>)>;
+
 /// The eval callback sees every MUL_MAT node when asked for them, with the values the CPU
 /// alone computes, and the final results do not change.
 #[test]
@@ -159,7 +162,7 @@ fn eval_callback_observes_nodes_with_cpu_alone_values() {
         .iter()
         .map(|n| (n.to_string(), s.model.id(n)))
         .collect();
-    let seen: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let asked = Arc::new(Mutex::new(0usize));
     let (seen2, asked2, ids) = (seen.clone(), asked.clone(), watched_ids.clone());
     s.sched.set_eval_callback(Some(Box::new(move |ctx, t, ask| {
