@@ -243,14 +243,16 @@ fn cases() -> Vec<Spec> {
                 one(vec![(x, range)], y)
             },
         ));
+        // Unary ops take operands whose rows are contiguous (ggml_is_contiguous_1); a view
+        // of every other row of a matrix is the non-contiguous layout they must handle.
         v.push(spec(
             format!(
-                "x=permute([16,3,5,2],0213) f32 ({})",
+                "x=view([16,5] rows of [32,5]) f32 ({})",
                 u.name().to_lowercase()
             ),
             move |c| {
-                let x = c.new_tensor(F32, &[16, 3, 5, 2])?;
-                let p = c.permute(x, [0, 2, 1, 3])?;
+                let x = c.new_tensor(F32, &[32, 5])?;
+                let p = c.view_2d(x, 16, 5, 32 * 4, 16 * 4)?;
                 let y = c.unary(p, u)?;
                 one(vec![(x, range)], y)
             },
@@ -447,7 +449,130 @@ fn cases() -> Vec<Spec> {
         let y = c.dup(x)?;
         one(vec![(x, U)], y)
     }));
+    quantized_cases(&mut v);
+    large_cases(&mut v);
     v
+}
+
+/// Block-quantized weights (and bf16): made inside the graph by a CPY from f32, since the
+/// generator writes per-element values only. The CPY node itself is not compared (block
+/// bytes have no per-element value); the product or row lookup using it is.
+fn quantized_cases(v: &mut Vec<Spec>) {
+    use ElementType::{BF16, F32, I32, Q4_0, Q8_0};
+    for ty in [Q8_0, Q4_0, BF16] {
+        for (ane, bne, what) in [
+            ([64i64, 16, 1, 1], [64i64, 3, 1, 1], "thin"),
+            ([64, 16, 2, 1], [64, 20, 2, 1], "wide"),
+        ] {
+            v.push(spec(
+                format!(
+                    "a=[{},{},{}] {} b={bne:?} f32 ({what})",
+                    ane[0],
+                    ane[1],
+                    ane[2],
+                    ty_name(ty)
+                ),
+                move |c| {
+                    let a32 = c.new_tensor(F32, &ane)?;
+                    let aq = c.new_tensor(ty, &ane)?;
+                    let a = c.cpy(a32, aq)?;
+                    let b = c.new_tensor(F32, &bne)?;
+                    let y = c.mul_mat(a, b)?;
+                    let flops = 2.0 * (ane[0] * ane[1] * bne[1] * bne[2]) as f64;
+                    Ok(Built {
+                        inputs: vec![(a32, U), (b, U)],
+                        out: y,
+                        flops: Some(flops),
+                    })
+                },
+            ));
+        }
+        v.push(spec(
+            format!("a=[64,10] {} rows=[6] i32", ty_name(ty)),
+            move |c| {
+                let a32 = c.new_tensor(F32, &[64, 10])?;
+                let aq = c.new_tensor(ty, &[64, 10])?;
+                let a = c.cpy(a32, aq)?;
+                let r = c.new_tensor(I32, &[6])?;
+                let y = c.get_rows(a, r)?;
+                one(vec![(a32, U), (r, Fill::Index(10))], y)
+            },
+        ));
+    }
+}
+
+/// Cases big enough that the CPU kernels split them over threads (above their single-thread
+/// work threshold), so that one thread against many threads compares different code paths.
+fn large_cases(v: &mut Vec<Spec>) {
+    use ElementType::{F16, F32, I32, Q8_0};
+    v.push(spec("a=[4096,12] b=[4096,1] f32 (large, broadcast)", |c| {
+        let a = c.new_tensor(F32, &[4096, 12])?;
+        let b = c.new_tensor(F32, &[4096, 1])?;
+        let y = c.add(a, b)?;
+        one(vec![(a, U), (b, U)], y)
+    }));
+    v.push(spec("x=[4096,12] f32 (large)", |c| {
+        let x = c.new_tensor(F32, &[4096, 12])?;
+        let y = c.unary(x, UnaryOp::Silu)?;
+        one(vec![(x, Fill::Uniform(-2.0, 2.0))], y)
+    }));
+    v.push(spec("x=[1024,48] f32 eps=1e-6 (large)", |c| {
+        let x = c.new_tensor(F32, &[1024, 48])?;
+        let y = c.rms_norm(x, 1e-6)?;
+        one(vec![(x, U)], y)
+    }));
+    v.push(spec("x=[512,32,4] f32 mask=[512,32] f16 (large)", |c| {
+        let x = c.new_tensor(F32, &[512, 32, 4])?;
+        let m = c.new_tensor(F16, &[512, 32])?;
+        let y = c.soft_max_ext(x, Some(m), 0.125, 0.0)?;
+        one(
+            vec![(x, Fill::Uniform(-4.0, 4.0)), (m, Fill::Uniform(-2.0, 0.0))],
+            y,
+        )
+    }));
+    v.push(spec("x=[128,8,64] f32 pos=[64] neox (large)", |c| {
+        let x = c.new_tensor(F32, &[128, 8, 64])?;
+        let p = c.new_tensor(I32, &[64])?;
+        let y = c.rope(x, p, 128, rope_mode::NEOX)?;
+        one(vec![(x, U), (p, Fill::Index(4096))], y)
+    }));
+    for (ty, bcols, what) in [
+        (F32, 32, "gemm"),
+        (F16, 32, "gemm"),
+        (F32, 3, "thin"),
+        (F16, 3, "thin"),
+        (Q8_0, 3, "thin"),
+        (Q8_0, 32, "gemm"),
+    ] {
+        v.push(spec(
+            format!(
+                "a=[512,128] {} b=[512,{bcols}] f32 (large {what})",
+                ty_name(ty)
+            ),
+            move |c| {
+                let a32 = c.new_tensor(F32, &[512, 128])?;
+                let a = if ty == F32 {
+                    a32
+                } else {
+                    let aq = c.new_tensor(ty, &[512, 128])?;
+                    c.cpy(a32, aq)?
+                };
+                let b = c.new_tensor(F32, &[512, bcols])?;
+                let y = c.mul_mat(a, b)?;
+                Ok(Built {
+                    inputs: vec![(a32, U), (b, U)],
+                    out: y,
+                    flops: Some(2.0 * 512.0 * 128.0 * bcols as f64),
+                })
+            },
+        ));
+    }
+    v.push(spec("[1024,64] f32 -> f16 (large)", |c| {
+        let a = c.new_tensor(F32, &[1024, 64])?;
+        let b = c.new_tensor(F16, &[1024, 64])?;
+        let y = c.cpy(a, b)?;
+        one(vec![(a, U), (b, U)], y)
+    }));
 }
 
 /// `UNARY(SILU)` for unary ops, the op name otherwise.

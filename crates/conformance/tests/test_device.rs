@@ -45,7 +45,11 @@ fn a_device_restricted_to_some_ops_lists_the_rest_as_unsupported() {
     assert!(!report.cases.is_empty());
     for c in &report.cases {
         assert!(c.op.starts_with("SQR"), "{}", c.op);
+        // the reference computes SQR, the restricted device does not
+        assert_eq!(c.outcome, conformance::CaseOutcome::Unsupported, "{report}");
     }
+    assert!(report.unsupported_ops().contains(&"SQR"), "{report}");
+    assert!(report.to_string().contains("not supported"), "{report}");
 }
 
 /// A backend that forgets to record events: the kit must notice.

@@ -98,6 +98,8 @@ pub(crate) struct Exec<'a> {
     pub pool: &'a Pool,
     pub n_threads: usize,
     pub scratch: &'a mut Scratch,
+    /// Where buffers' bytes are, when not at their host pointers.
+    pub resolver: Option<&'a dyn crate::MemoryResolver>,
 }
 
 impl Exec<'_> {
@@ -145,10 +147,11 @@ impl Exec<'_> {
         if !crate::supports_op(ctx, id) {
             return Err(unsupported(ctx, id));
         }
-        let dst = TView::resolve(ctx, id)?;
+        let resolver = self.resolver;
+        let dst = TView::resolve(ctx, id, resolver)?;
         let src = |i: usize| -> Result<TView, BackendError> {
             let s = t.src(i).ok_or_else(|| unsupported(ctx, id))?;
-            TView::resolve(ctx, s)
+            TView::resolve(ctx, s, resolver)
         };
         let p = *t.op_params();
         match op {
@@ -180,7 +183,7 @@ impl Exec<'_> {
             Op::RmsNorm => self.norm(&dst, &src(0)?, p.f32(0), true),
             Op::SoftMax => {
                 let mask = match t.src(1) {
-                    Some(m) => Some(TView::resolve(ctx, m)?),
+                    Some(m) => Some(TView::resolve(ctx, m, resolver)?),
                     None => None,
                 };
                 self.soft_max(&dst, &src(0)?, mask.as_ref(), p.f32(0), p.f32(1))

@@ -86,9 +86,10 @@ mod quant;
 #[doc(hidden)]
 pub mod doc_support;
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use backend_core::{BackendError, ComputeStatus};
+use backend_core::{BackendError, Buffer, ComputeStatus};
 use graph::{Context, ElementType, GraphView, Op, TensorId, UnaryOp};
 use parking_lot::Mutex;
 
@@ -130,6 +131,37 @@ impl std::fmt::Debug for ComputeOptions {
             .field("abort", &self.abort.is_some())
             .finish()
     }
+}
+
+/// Where the bytes of a buffer are, for a compute over memory that is not host memory: a
+/// device that runs these kernels on memory it owns (the in-process test device) passes one
+/// to [`CpuCompute::compute_resolved`]. With a resolver, every buffer of every node is
+/// resolved through it (host buffers included), so the device alone decides what its
+/// kernels may address.
+///
+/// # Safety
+///
+/// A pointer returned for `buffer` must be valid for reads and writes of `buffer.size()`
+/// bytes for the whole compute call it was asked in, and nothing else may access those bytes
+/// during that call except the kernels (which write each destination element once, from one
+/// thread, as for host memory).
+///
+/// ```
+/// use std::ptr::NonNull;
+/// use backend_core::Buffer;
+/// /// Addresses host buffers only (what a compute without a resolver does).
+/// struct HostOnly;
+/// // SAFETY: host pointers are valid for the buffer's size by `BufferImpl`'s contract.
+/// unsafe impl cpu_kernels::MemoryResolver for HostOnly {
+///     fn base_ptr(&self, buffer: &Buffer) -> Option<NonNull<u8>> {
+///         buffer.host_ptr()
+///     }
+/// }
+/// ```
+pub unsafe trait MemoryResolver: Sync {
+    /// The base pointer of `buffer`'s memory, or `None` if this compute cannot address it
+    /// (the compute then fails with an error naming the tensor).
+    fn base_ptr(&self, buffer: &Buffer) -> Option<NonNull<u8>>;
 }
 
 /// The machine's available parallelism (1 if unknown).
@@ -227,7 +259,29 @@ impl CpuCompute {
         let pool = self.pool.lock();
         let mut scratch = self.scratch.lock();
         let n = pool.n_threads();
-        run(&pool, n, &mut scratch, ctx, graph.nodes, abort)
+        run(&pool, n, &mut scratch, ctx, graph.nodes, abort, None)
+    }
+
+    /// [`CpuCompute::compute_with`] over memory found through `resolver` instead of host
+    /// pointers: the entry point for a device whose memory only it can address.
+    pub fn compute_resolved(
+        &self,
+        ctx: &Context,
+        graph: GraphView<'_>,
+        opts: &ComputeOptions,
+        resolver: &dyn MemoryResolver,
+    ) -> Result<ComputeStatus, BackendError> {
+        let pool = self.pool.lock();
+        let mut scratch = self.scratch.lock();
+        run(
+            &pool,
+            opts.n_threads.max(1),
+            &mut scratch,
+            ctx,
+            graph.nodes,
+            opts.abort.as_deref(),
+            Some(resolver),
+        )
     }
 
     /// [`CpuCompute::compute`] with explicit options (thread count capped by the pool size).
@@ -246,6 +300,7 @@ impl CpuCompute {
             ctx,
             graph.nodes,
             opts.abort.as_deref(),
+            None,
         )
     }
 
@@ -287,7 +342,7 @@ impl CpuCompute {
         }
         let pool = self.pool.lock();
         let n = pool.n_threads();
-        run(&pool, n, &mut plan.scratch, ctx, &plan.nodes, abort)
+        run(&pool, n, &mut plan.scratch, ctx, &plan.nodes, abort, None)
     }
 }
 
@@ -311,11 +366,13 @@ fn run(
     ctx: &Context,
     nodes: &[TensorId],
     abort: Option<&(dyn Fn() -> bool + Send + Sync)>,
+    resolver: Option<&dyn MemoryResolver>,
 ) -> Result<ComputeStatus, BackendError> {
     let mut exec = Exec {
         pool,
         n_threads,
         scratch,
+        resolver,
     };
     for &id in nodes {
         let t = ctx.get(id)?;

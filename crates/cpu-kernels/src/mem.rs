@@ -41,12 +41,15 @@ unsafe impl Send for TView {}
 // SAFETY: as above.
 unsafe impl Sync for TView {}
 
-/// The host pointer and size behind a tensor's storage, checked.
+/// The pointer and size behind a tensor's storage, checked: the buffer's host pointer, or,
+/// when the compute has a [`MemoryResolver`](crate::MemoryResolver), the pointer it gives
+/// (then it is asked for every buffer, host or not, and decides alone what is addressable).
 ///
 /// Returns the pointer to the tensor's first byte and the buffer bytes available from there.
 pub(crate) fn storage_ptr(
     ctx: &Context,
     id: TensorId,
+    resolver: Option<&dyn crate::MemoryResolver>,
 ) -> Result<(NonNull<u8>, usize), BackendError> {
     let t = ctx.get(id)?;
     let st = t.storage().ok_or(BackendError::NotAllocated(id))?;
@@ -56,10 +59,17 @@ pub(crate) fn storage_ptr(
             format!("tensor {id:?} lives in a foreign storage type"),
         )
     })?;
-    let base = buf.host_ptr().ok_or_else(|| {
+    let base = match resolver {
+        Some(r) => r.base_ptr(&buf),
+        None => buf.host_ptr(),
+    }
+    .ok_or_else(|| {
         BackendError::failed(
             "CPU",
-            format!("tensor {id:?} is not in host memory ({})", buf.name()),
+            format!(
+                "tensor {id:?} is not in memory this compute can address ({})",
+                buf.name()
+            ),
         )
     })?;
     let nbytes = t.nbytes();
@@ -75,8 +85,9 @@ pub(crate) fn storage_ptr(
             buf.size(),
         ));
     }
-    // SAFETY: `st.offset <= buf.size()` (checked above) and the host pointer is valid for the
-    // buffer's size, so the offset stays inside (or one past) the same allocation.
+    // SAFETY: `st.offset <= buf.size()` (checked above) and the base pointer is valid for the
+    // buffer's size (host pointers by `BufferImpl`'s contract, resolved ones by
+    // `MemoryResolver`'s), so the offset stays inside (or one past) the same allocation.
     let p = unsafe { base.as_ptr().add(st.offset) };
     // `p` is non-null: it is derived in bounds from a non-null allocation pointer.
     let p = NonNull::new(p).ok_or_else(|| BackendError::failed("CPU", "null tensor pointer"))?;
@@ -84,9 +95,14 @@ pub(crate) fn storage_ptr(
 }
 
 impl TView {
-    /// Resolve tensor `id` of `ctx`: it must be allocated in host memory, inside its buffer.
-    pub fn resolve(ctx: &Context, id: TensorId) -> Result<TView, BackendError> {
-        let (ptr, _avail) = storage_ptr(ctx, id)?;
+    /// Resolve tensor `id` of `ctx`: it must be allocated in host memory (or memory
+    /// `resolver` addresses), inside its buffer.
+    pub fn resolve(
+        ctx: &Context,
+        id: TensorId,
+        resolver: Option<&dyn crate::MemoryResolver>,
+    ) -> Result<TView, BackendError> {
+        let (ptr, _avail) = storage_ptr(ctx, id, resolver)?;
         let t = &ctx[id];
         let ne = t.ne().map(|n| n as usize);
         Ok(TView {

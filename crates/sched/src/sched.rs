@@ -191,6 +191,9 @@ pub struct Scheduler {
     galloc: GraphAllocator,
     n_copies: usize,
     cur_copy: usize,
+    /// The pipeline copy the current split's sources were rewritten to (`cur_copy` at the
+    /// last split); a compute with another `cur_copy` must split again.
+    split_copy: usize,
     /// `[backend * n_copies + copy]`
     events: Vec<Option<Event>>,
     graph_size: usize,
@@ -315,6 +318,7 @@ impl Scheduler {
             galloc,
             n_copies,
             cur_copy: 0,
+            split_copy: 0,
             events,
             graph_size,
             is_reset: false,
@@ -1244,6 +1248,7 @@ impl Scheduler {
         self.restore_rewrites(ctx);
         r?;
         self.is_alloc = true;
+        self.split_copy = self.cur_copy;
         Ok(())
     }
 
@@ -1268,7 +1273,11 @@ impl Scheduler {
         if !self.is_reset && !self.is_alloc {
             self.reset();
         }
-        if !self.is_alloc {
+        // With pipeline copies, the split's sources point at the copies of the pipeline copy
+        // current when it was made, while compute fills those of `cur_copy`, which advances
+        // after every compute: computing an allocated graph again must split it again (the
+        // seed has the same hazard; newer ggml picks the copy at split time instead).
+        if !self.is_alloc || (self.n_copies > 1 && self.split_copy != self.cur_copy) {
             self.alloc_graph(ctx, graph)?;
         }
         self.apply_rewrites(ctx);

@@ -42,15 +42,19 @@ pub struct TestBackend {
     device: Device,
     core: Arc<Core>,
     stream: Stream,
+    /// The kernels this stream computes with (their pool and scratch are the stream's own).
+    kernels: Arc<cpu_kernels::CpuCompute>,
 }
 
 impl TestBackend {
     pub(crate) fn new(device: Device, core: Arc<Core>) -> Result<Self> {
         let stream = Stream::new(&format!("{}-stream", core.config.name))?;
+        let kernels = Arc::new(cpu_kernels::CpuCompute::new(core.config.compute_threads));
         Ok(TestBackend {
             device,
             core,
             stream,
+            kernels,
         })
     }
 
@@ -239,8 +243,9 @@ impl BackendImpl for TestBackend {
         let snapshot = Arc::new(ctx.clone());
         let nodes: Vec<TensorId> = graph.nodes.to_vec();
         let core = self.core.clone();
+        let kernels = self.kernels.clone();
         self.stream.submit(Box::new(move || {
-            crate::compute::run_nodes(&core, &snapshot, &nodes)
+            crate::compute::run_nodes(&core, &kernels, &snapshot, &nodes)
         }))?;
         Ok(ComputeStatus::Success)
     }

@@ -161,7 +161,6 @@ impl DeviceAlloc {
 
     /// The base pointer, for the CPU kernels running on this device's worker while the
     /// caller holds the bus (the guard's lifetime bounds the use).
-    #[allow(dead_code)] // used by the compute path once the kernels take a pointer resolver
     pub(crate) fn base_ptr(&self, _bus: &BusGuard<'_>) -> NonNull<u8> {
         self.ptr
     }

@@ -226,7 +226,6 @@ fn events_of_another_device_are_refused_for_record() {
 }
 
 #[test]
-#[ignore = "needs the CPU kernels behind the device's compute (integration pending)"]
 fn queued_errors_surface_at_synchronize_and_then_clear() {
     // A node reading memory of another device cannot be computed; graph_compute only queues
     // it, so the failure comes back from synchronize, once.
