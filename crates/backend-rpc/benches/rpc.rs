@@ -1,11 +1,18 @@
 //! Loopback benchmarks of the RPC client: set/get bandwidth for 1 MiB and 64 MiB tensors and
 //! the round trip of a one-node graph.
 //!
-//! Against our server in-process (CPU device), and, when `RPC_SERVER_BIN` points at ggml's
-//! `rpc-server` (see `.ci/rpc-server-build.sh`), against that server too.
+//! Three pairs in one run: our client against our server in-process (CPU device); and, when
+//! `RPC_SERVER_BIN` points at ggml's `rpc-server` (see `.ci/rpc-server-build.sh`), our client
+//! against that server and ggml's own client against the same server. ggml's client is a small
+//! C++ driver built by `benches/ggml-client-bench.sh` in the server's scratch directory (or
+//! named by `GGML_CLIENT_BENCH`); criterion times it through `iter_custom`: the driver runs
+//! the requested number of iterations and reports the elapsed time, so both clients are
+//! measured by the same loop shape (a set is followed by a 1-byte get, a graph compute by a
+//! 64-byte get of its result).
 //! Run: `RPC_SERVER_BIN=… cargo bench -p backend-rpc --bench rpc`.
 
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,6 +103,101 @@ fn one_node_graph(c: &mut Criterion, label: &str, dev: &Device) {
     });
 }
 
+/// ggml's own client (the C++ driver) connected to `endpoint`.
+struct GgmlClient {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for GgmlClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl GgmlClient {
+    fn start(endpoint: &str) -> Option<GgmlClient> {
+        let bin = match std::env::var("GGML_CLIENT_BENCH") {
+            Ok(b) => b,
+            Err(_) => {
+                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/ggml-client-bench.sh");
+                let out = Command::new("bash")
+                    .arg(script)
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .ok()?;
+                if !out.status.success() {
+                    return None;
+                }
+                String::from_utf8(out.stdout)
+                    .ok()?
+                    .lines()
+                    .last()?
+                    .trim()
+                    .to_owned()
+            }
+        };
+        let mut child = Command::new(bin)
+            .arg(endpoint)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .ok()?;
+        let stdin = child.stdin.take()?;
+        let mut stdout = BufReader::new(child.stdout.take()?);
+        let mut line = String::new();
+        stdout.read_line(&mut line).ok()?;
+        (line.trim() == "ready").then_some(GgmlClient {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Runs `op` `iters` times in the driver; the time it measured.
+    fn run(&mut self, op: &str, iters: u64) -> Duration {
+        writeln!(self.stdin, "{op} {iters}").expect("driver stdin");
+        self.stdin.flush().expect("driver stdin");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("driver stdout");
+        Duration::from_nanos(
+            line.trim()
+                .parse()
+                .expect("driver answered with nanoseconds"),
+        )
+    }
+}
+
+fn ggml_client(c: &mut Criterion, endpoint: &str) {
+    let Some(mut client) = GgmlClient::start(endpoint) else {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "skipped ggml's client: benches/ggml-client-bench.sh could not build or start it"
+            );
+        }
+        return;
+    };
+    let mut group = c.benchmark_group("rpc_ggml_client_ggml_server");
+    group.sample_size(10);
+    for mib in [1usize, 64] {
+        group.throughput(Throughput::Bytes((mib << 20) as u64));
+        for what in ["set", "get"] {
+            let op = format!("{what}{mib}");
+            group.bench_function(BenchmarkId::new(what, format!("{mib}MiB")), |b| {
+                b.iter_custom(|iters| client.run(&op, iters))
+            });
+        }
+    }
+    group.finish();
+    c.bench_function(
+        "rpc_ggml_client_ggml_server/one_node_graph_roundtrip",
+        |b| b.iter_custom(|iters| client.run("graph", iters)),
+    );
+}
+
 fn benches(c: &mut Criterion) {
     let cfg = RpcConfig::default();
     let dev = backend_cpu::cpu_device();
@@ -107,9 +209,14 @@ fn benches(c: &mut Criterion) {
     set_get(c, "our_server", &ours);
     one_node_graph(c, "our_server", &ours);
     if let Some((_guard, ep)) = real_server() {
-        let real = connect(&ep, &cfg).expect("connect").remove(0);
-        set_get(c, "ggml_server", &real);
-        one_node_graph(c, "ggml_server", &real);
+        {
+            let real = connect(&ep, &cfg).expect("connect").remove(0);
+            set_get(c, "ggml_server", &real);
+            one_node_graph(c, "ggml_server", &real);
+        }
+        // ggml's server serves one client at a time: ours has disconnected (every handle of
+        // the connection dropped above), so ggml's client gets the same server next.
+        ggml_client(c, &ep);
     }
 }
 

@@ -471,6 +471,25 @@ fn wire_check(t: &Tensor, id: Option<TensorId>) -> Result<(u32, [i32; 16]), RpcE
     Ok((op, params))
 }
 
+/// Layouts that ggml's CPU backend asserts on while computing: the real `rpc-server` would
+/// abort the whole process (every client's buffers lost), not answer with an error. Refused
+/// here, so `supports_op` routes such a node elsewhere and a graph holding one is never sent.
+/// Found by the interop op checks (tests/interop_ops.rs).
+fn compute_check(ctx: &Context, t: &Tensor) -> Result<(), String> {
+    if t.op() == Op::MulMat
+        && let Some(b) = t.srcs().get(1).copied().flatten()
+        && let Ok(b) = ctx.get(b)
+        && b.nb()[0] != b.ty().type_size()
+    {
+        // ggml-cpu.c, ggml_compute_forward_mul_mat: GGML_ASSERT(nb10 == type_size(src1)).
+        return Err(format!(
+            "MUL_MAT with a src1 whose elements are not contiguous (nb[0] = {})",
+            b.nb()[0]
+        ));
+    }
+    Ok(())
+}
+
 /// The wire form of `t` with data in `buf` (remote handle, remote base) at the tensor's offset.
 fn to_wire(
     t: &Tensor,
@@ -540,7 +559,7 @@ impl DeviceImpl for RpcDeviceImpl {
     }
     fn supports_op(&self, ctx: &Context, op: TensorId) -> bool {
         let Ok(t) = ctx.get(op) else { return false };
-        if wire_check(t, Some(op)).is_err() {
+        if wire_check(t, Some(op)).is_err() || compute_check(ctx, t).is_err() {
             return false;
         }
         t.srcs()
@@ -796,6 +815,10 @@ pub(crate) fn serialize_graph(
             tensor: Some(node),
             why: e.to_string(),
         })?;
+        compute_check(ctx, t).map_err(|why| RpcError::Unsendable {
+            tensor: Some(node),
+            why,
+        })?;
         for s in t.srcs().iter().flatten() {
             if s.index() < n {
                 use_count[s.index()] += 1;
@@ -886,7 +909,10 @@ impl BackendImpl for RpcBackend {
         let msg = serialize_graph(&self.conn, self.index, ctx, graph).map_err(|e| match e {
             RpcError::Unsendable {
                 tensor: Some(t), ..
-            } if ctx.get(t).is_ok_and(|x| op_to_wire(x.op()).is_none()) => {
+            } if ctx
+                .get(t)
+                .is_ok_and(|x| op_to_wire(x.op()).is_none() || compute_check(ctx, x).is_err()) =>
+            {
                 BackendError::UnsupportedOp {
                     backend: self.name.clone(),
                     op: ctx[t].op().name(),

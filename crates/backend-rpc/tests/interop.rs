@@ -1,54 +1,13 @@
 //! Our client against a real ggml `rpc-server` (protocol 7.0.0) built from the PyPI sdist by
 //! `.ci/rpc-server-build.sh`. Skipped, with a message, when `RPC_SERVER_BIN` is not set.
-#![allow(clippy::print_stderr)] // a skipped test says so on stderr
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 use backend_core::{tensor_alloc, tensor_copy, tensor_get, tensor_memset, tensor_set};
 use backend_rpc::{RpcConfig, connect};
 use graph::{Context, ElementType, Graph, UnaryOp};
-
-struct Real(Child, String);
-impl Drop for Real {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start() -> Option<Real> {
-    let Ok(bin) = std::env::var("RPC_SERVER_BIN") else {
-        eprintln!(
-            "skipped: set RPC_SERVER_BIN (see .ci/rpc-server-build.sh) to run the interop tests"
-        );
-        return None;
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(bin)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start rpc-server");
-    let ep = format!("127.0.0.1:{port}");
-    let t0 = Instant::now();
-    // Poll with connect; ggml's server serves one client at a time and a probe is a client,
-    // so wait for the probe's disconnect to be processed.
-    while std::net::TcpStream::connect(&ep).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "rpc-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    Some(Real(child, ep))
-}
 
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -61,7 +20,9 @@ fn from_f32s(b: &[u8]) -> Vec<f32> {
 
 #[test]
 fn real_server_buffers_and_graphs() {
-    let Some(server) = start() else { return };
+    let Some(server) = common::real::start() else {
+        return;
+    };
     let cfg = RpcConfig {
         io_timeout: Some(Duration::from_secs(30)),
         ..RpcConfig::default()

@@ -35,5 +35,7 @@ mod report;
 mod values;
 
 pub use contract::check_contract;
-pub use ops::{CaseOutcome, CaseResult, Mode, OpOptions, OpReport, check_ops};
+pub use ops::{
+    CaseOutcome, CaseResult, Mode, OpOptions, OpReport, check_ops, threshold as nmse_threshold,
+};
 pub use report::{Check, Outcome, Report};

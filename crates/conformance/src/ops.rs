@@ -585,7 +585,20 @@ fn op_label(op: Op) -> String {
 
 /// The NMSE a node may show against the reference: exact-ish for elementwise f32 ops, room
 /// for summation order in reductions and products, and for half-precision rounding.
-fn threshold(ctx: &Context, node: TensorId) -> f64 {
+///
+/// Public (as `conformance::nmse_threshold`) so that tests comparing graphs of their own,
+/// outside the kit's cases, hold them to the same limits.
+///
+/// ```
+/// use graph::{Context, ElementType};
+/// let mut ctx = Context::new();
+/// let a = ctx.new_tensor_2d(ElementType::F16, 8, 4)?;
+/// let b = ctx.new_tensor_2d(ElementType::F32, 8, 2)?;
+/// let y = ctx.mul_mat(a, b)?;
+/// assert_eq!(conformance::nmse_threshold(&ctx, y), 5e-4);
+/// # Ok::<(), graph::GraphError>(())
+/// ```
+pub fn threshold(ctx: &Context, node: TensorId) -> f64 {
     let t = &ctx[node];
     let base: f64 = match t.op() {
         Op::MulMat => 5e-4,

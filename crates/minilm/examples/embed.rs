@@ -31,7 +31,12 @@ options:
   --file F          read sentences from F, one per line (blank lines skipped)
   --json            print [{\"sentence\": ..., \"embedding\": [...]}] instead of the summary
   --plan            print the scheduler's split plan (GGML_SCHED_DEBUG layout) first
-  --offload N       place the last N layers' weights on the test device
+  --offload N       place the last N layers' weights on the test device, or on the
+                    remote devices when --rpc is given (default there: half the layers)
+  --rpc HOST:PORT   a remote device: a server speaking ggml's RPC protocol 7.0.0 (ggml's
+                    rpc-server, or `cargo run -p backend-rpc --bin rpc-server`); repeatable,
+                    the offloaded layers are shared in contiguous runs, in the order given.
+                    `--rpc embedded` starts our server in this process on a loopback port
   --threads N       CPU threads (default: all available)
   --batch-size N    sentences per batch (default: all in one)
   --model-dir DIR   model directory (default: $MINILM_MODEL_DIR, then the pip package)
@@ -65,6 +70,10 @@ fn parse() -> Result<Option<Args>, String> {
             "--plan" => args.plan = true,
             "--profile" => args.opts.profile = true,
             "--offload" => args.opts.offload = num(it.next(), "--offload")?,
+            "--rpc" => args
+                .opts
+                .rpc
+                .push(it.next().ok_or("--rpc needs HOST:PORT or `embedded`")?),
             "--threads" => args.opts.threads = num(it.next(), "--threads")?,
             "--batch-size" => args.opts.batch_size = num(it.next(), "--batch-size")?,
             "--model-dir" => {

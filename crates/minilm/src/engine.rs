@@ -5,6 +5,12 @@
 //! the same code as the split one. With `offload > 0` the last layers' weights are copied to
 //! the in-process test device (memory that is not host memory), so the scheduler cuts the
 //! graph into splits on two backends and inserts the copies between them.
+//!
+//! With remote devices (`rpc`), the offloaded layers go to them instead: each endpoint is a
+//! server speaking ggml's RPC protocol (ggml's `rpc-server` or ours), or `embedded`, our own
+//! server started in this process on a loopback port, so a real network split can be shown
+//! without setting anything up. Several remote devices share the offloaded layers in
+//! contiguous runs, earlier devices taking earlier layers.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,7 +25,7 @@ use crate::bert::{BertGraph, GraphInputs, build_graph, graph_capacity, l2_normal
 use crate::config::{BertConfig, PoolingConfig, SentenceConfig};
 use crate::error::{MinilmError, Result};
 use crate::locate::find_model_dir;
-use crate::model::BertWeights;
+use crate::model::{BertWeights, LayerWeights};
 use crate::tokenize::{Batch, Tokenizer};
 use crate::weights::WeightFile;
 
@@ -30,14 +36,22 @@ pub struct EmbedderOptions {
     pub model_dir: Option<PathBuf>,
     /// CPU threads; 0 = the machine's available parallelism.
     pub threads: usize,
-    /// Place the weights of the last `offload` layers on the test device.
+    /// Place the weights of the last `offload` layers on the test device, or on the remote
+    /// devices when `rpc` names any (there `0` means half the layers, rounded up).
     pub offload: usize,
+    /// Remote devices: `HOST:PORT` of servers speaking ggml's RPC protocol 7.0.0, or
+    /// [`EMBEDDED`] for our own server started in-process on a loopback port.
+    pub rpc: Vec<String>,
     /// Sentences per batch; 0 = all sentences in one batch.
     pub batch_size: usize,
     /// Record per-op compute times (through the scheduler's eval callback, which computes node
     /// by node, so total time rises a little).
     pub profile: bool,
 }
+
+/// The `rpc` endpoint that starts our RPC server in this process (loopback, ephemeral port)
+/// and connects to it like to any other server.
+pub const EMBEDDED: &str = "embedded";
 
 /// Compute time per op kind, from [`Embedder::take_profile`].
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -81,6 +95,9 @@ pub struct Embedder {
     // Buffers holding the weights; the mapped file lives as long as its buffer.
     _weight_buffers: Vec<Buffer>,
     _file: WeightFile,
+    // Embedded RPC servers: declared last so they stop after every connection to them is
+    // dropped (the scheduler's backends and the weight buffers above).
+    _servers: Vec<backend_rpc::ServerHandle>,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -107,16 +124,21 @@ impl Embedder {
         .min(cfg.max_position_embeddings);
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"), max_len)?;
         let file = WeightFile::open(&dir.join("model.safetensors"))?;
-        if opts.offload > cfg.num_hidden_layers {
+        let n_layers = cfg.num_hidden_layers;
+        let offload = if !opts.rpc.is_empty() && opts.offload == 0 {
+            n_layers.div_ceil(2)
+        } else {
+            opts.offload
+        };
+        if offload > n_layers {
             return Err(MinilmError::Unsupported(format!(
-                "--offload {} but the model has {} layers",
-                opts.offload, cfg.num_hidden_layers
+                "--offload {offload} but the model has {n_layers} layers"
             )));
         }
 
         let mut ctx = Context::new();
         let weights = BertWeights::create(&mut ctx, &file, &cfg)?;
-        let offloaded = weights.last_layers(opts.offload);
+        let offloaded = weights.last_layers(offload);
 
         backend_cpu::register();
         let threads = if opts.threads == 0 {
@@ -131,13 +153,40 @@ impl Embedder {
         let mapped = weights.place_in_file_buffer(&mut ctx, &file, &file_buffer, &offloaded)?;
         let mut buffers = vec![file_buffer];
         let mut backends: Vec<Backend> = Vec::new();
-        if opts.offload > 0 {
+        let mut servers = Vec::new();
+        if !opts.rpc.is_empty() {
+            let (devices, handles) = remote_devices(&opts.rpc, &cpu_device, threads)?;
+            servers = handles;
+            // Contiguous runs of the offloaded layers, earlier devices taking earlier layers.
+            let first = n_layers - offload;
+            for (i, (endpoint, device)) in devices.iter().enumerate() {
+                let layers = share(offload, devices.len(), i);
+                if layers.is_empty() {
+                    continue;
+                }
+                let ids: Vec<TensorId> = weights.layers[first + layers.start..first + layers.end]
+                    .iter()
+                    .flat_map(LayerWeights::all)
+                    .collect();
+                let backend = device.init_backend("")?;
+                let buf = weights.place_copied(&mut ctx, &file, &device.buffer_type(), &ids)?;
+                tracing::info!(
+                    endpoint = %endpoint,
+                    device = device.name(),
+                    layers = ?((first + layers.start)..(first + layers.end)),
+                    bytes = buf.size(),
+                    "weights of these layers copied to the remote device"
+                );
+                buffers.push(buf);
+                backends.push(backend);
+            }
+        } else if offload > 0 {
             let device = test_device::register()?;
             let backend = device.init_backend("")?;
             let buf = weights.place_copied(&mut ctx, &file, &device.buffer_type(), &offloaded)?;
             tracing::info!(
                 device = device.name(),
-                layers = opts.offload,
+                layers = offload,
                 bytes = buf.size(),
                 "weights of the last layers copied to the device"
             );
@@ -167,6 +216,7 @@ impl Embedder {
             opts,
             _weight_buffers: buffers,
             _file: file,
+            _servers: servers,
         };
         if e.opts.profile {
             e.enable_profile();
@@ -334,6 +384,83 @@ impl Embedder {
     }
 }
 
+/// The range of the `n` offloaded layers (counted from the first offloaded one) that remote
+/// device `i` of `k` takes: contiguous runs, the first `n % k` devices one layer more.
+fn share(n: usize, k: usize, i: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (n / k, n % k);
+    let start = i * base + i.min(extra);
+    start..start + base + usize::from(i < extra)
+}
+
+/// Remote devices, each with the endpoint it came from.
+type RemoteDevices = Vec<(String, backend_core::Device)>;
+
+/// Connects to every endpoint (starting our server in-process for [`EMBEDDED`]) and returns
+/// each remote device with the endpoint it came from, plus the embedded servers' handles.
+fn remote_devices(
+    endpoints: &[String],
+    cpu_device: &backend_core::Device,
+    threads: usize,
+) -> Result<(RemoteDevices, Vec<backend_rpc::ServerHandle>)> {
+    let rpc_err = |endpoint: &str, e: &dyn std::fmt::Display| {
+        MinilmError::Backend(format!("rpc {endpoint}: {e}"))
+    };
+    let config = backend_rpc::RpcConfig::default();
+    let mut devices = Vec::new();
+    let mut servers = Vec::new();
+    for endpoint in endpoints {
+        let endpoint = if endpoint == EMBEDDED {
+            let device = cpu_device.clone();
+            let factory: backend_rpc::BackendFactory =
+                Arc::new(move || device.init_backend(&format!("n_threads={threads}")));
+            let server = backend_rpc::Server::new(
+                cpu_device.clone(),
+                factory,
+                backend_rpc::ServerConfig::default(),
+            );
+            let handle = server
+                .spawn("127.0.0.1:0")
+                .map_err(|e| rpc_err(EMBEDDED, &e))?;
+            let at = handle.endpoint();
+            tracing::info!(endpoint = %at, "embedded RPC server started (our CPU backend)");
+            servers.push(handle);
+            at
+        } else {
+            endpoint.clone()
+        };
+        let found = backend_rpc::connect(&endpoint, &config).map_err(|e| rpc_err(&endpoint, &e))?;
+        if found.is_empty() {
+            return Err(rpc_err(&endpoint, &"the server has no devices"));
+        }
+        devices.extend(found.into_iter().map(|d| (endpoint.clone(), d)));
+    }
+    Ok((devices, servers))
+}
+
 fn le_bytes<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share;
+
+    #[test]
+    fn offloaded_layers_are_shared_in_contiguous_runs() {
+        // 5 layers over 2 devices: 3 then 2; over 3 devices: 2, 2, 1.
+        assert_eq!(
+            (0..2).map(|i| share(5, 2, i)).collect::<Vec<_>>(),
+            [0..3, 3..5]
+        );
+        assert_eq!(
+            (0..3).map(|i| share(5, 3, i)).collect::<Vec<_>>(),
+            [0..2, 2..4, 4..5]
+        );
+        // More devices than layers: the last ones get nothing.
+        assert_eq!(
+            (0..3).map(|i| share(2, 3, i)).collect::<Vec<_>>(),
+            [0..1, 1..2, 2..2]
+        );
+        assert_eq!(share(6, 1, 0), 0..6);
+    }
 }

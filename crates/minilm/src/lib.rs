@@ -4,7 +4,8 @@
 //! Why this crate exists: it is the proof that the backend layer serves an inference engine.
 //! It does what an engine does — maps a real weights file and uses it in place, builds a
 //! compute graph per batch, lets the scheduler place each op on a backend (optionally moving
-//! the last layers' weights to a second device so the graph really splits), allocates compute
+//! the last layers' weights to a second device — in process, or a remote one over ggml's RPC
+//! protocol — so the graph really splits), allocates compute
 //! memory, runs, and reads the output — and its results are checked against an independent
 //! implementation (candle's BERT) in the tests.
 //!
@@ -29,7 +30,7 @@ mod weights;
 
 pub use bert::{BertGraph, GraphInputs, build_graph, cosine, graph_capacity, l2_normalize};
 pub use config::{BertConfig, PoolingConfig, SentenceConfig};
-pub use engine::{Embedder, EmbedderOptions, OpProfile};
+pub use engine::{EMBEDDED, Embedder, EmbedderOptions, OpProfile};
 pub use error::{INSTALL_HINT, MinilmError, Result};
 pub use locate::{MODEL_DIR_ENV, PYTHON_PACKAGE, REQUIRED_FILES, find_model_dir, is_model_dir};
 pub use model::{BertWeights, LayerWeights};

@@ -1,6 +1,8 @@
 //! Test helpers: a memory-only device (no compute) to serve, and hex parsing.
 #![allow(dead_code)]
 
+pub mod real;
+
 use std::any::Any;
 use std::sync::Arc;
 
