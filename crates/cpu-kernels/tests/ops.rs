@@ -33,6 +33,10 @@ fn binop(op: Op, x: f64, y: f64) -> f64 {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn binary_ops_broadcast_and_strides() {
     // One code path serves all four ops: Miri checks two of them.
     let ops: &[Op] = if cfg!(miri) {
@@ -131,6 +135,10 @@ fn binary_in_place_and_transposed_src1() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn elementwise_multithreaded_is_bit_identical() {
     let n = if cfg!(miri) { 32 } else { 4096 };
     let mut outs = Vec::new();
@@ -197,6 +205,10 @@ fn erf(x: f64) -> f64 {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn unary_sqr_sqrt_scale() {
     let all = UnaryOp::ALL;
     let unary: &[UnaryOp] = if cfg!(miri) { &all[..3] } else { &all };
@@ -236,6 +248,10 @@ fn unary_sqr_sqrt_scale() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn norms() {
     for rms in [false, true] {
         for &nth in THREADS {
@@ -276,6 +292,10 @@ fn norms() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn soft_max_variants() {
     // (mask type, mask ne2, max_bias)
     let cases = [
@@ -411,6 +431,10 @@ fn rope_ref(
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn rope_modes_and_yarn() {
     let yarn = RopeParams {
         n_ctx_orig: 4096,
@@ -578,6 +602,10 @@ fn mul_mat_case(
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn mul_mat_thin_all_types() {
     for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0] {
         for &nth in THREADS {
@@ -600,6 +628,10 @@ fn mul_mat_gemm_all_types() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn mul_mat_permuted_src0_attention_shape() {
     // KQ: K cache viewed as [head_dim, n_kv, n_head] from a [head_dim, n_head, n_kv] tensor.
     for n in [1i64, 20] {
@@ -624,6 +656,10 @@ fn mul_mat_permuted_src0_attention_shape() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; the Miri subset covers the same memory paths"
+)]
 fn copies_between_float_types() {
     let tys = [T::F32, T::F16, T::BF16];
     for &from in &tys {
@@ -743,4 +779,14 @@ fn unallocated_tensor_is_an_error() {
         cpu.compute(&ctx, g.as_view(), None),
         Err(backend_core::BackendError::NotAllocated(_))
     ));
+}
+
+/// The Miri subset's matrix products: the thin (dot-product) path for a plain and a block
+/// type, broadcast and a transposed src1, at the smallest shapes that still cover them.
+#[test]
+fn mul_mat_thin_small_for_miri() {
+    for ty in [T::F32, T::Q4_0] {
+        mul_mat_case(ty, 32, 3, 1, [1, 1], [1, 1], false, 2);
+        mul_mat_case(ty, 32, 2, 2, [1, 1], [2, 1], true, 1);
+    }
 }
