@@ -98,11 +98,13 @@ impl backend_core::BackendImpl for ForgetfulEvents {
 #[test]
 fn the_kit_catches_a_backend_whose_events_do_not_order_work() {
     let dev = TestDevice::create(
-        TestDeviceConfig::named("SLOW").transfer_latency(std::time::Duration::from_millis(20)),
+        TestDeviceConfig::named("SLOW").transfer_latency(std::time::Duration::from_millis(200)),
     )
     .unwrap();
     let broken = backend_core::Backend::new(ForgetfulEvents(dev.init_backend("").unwrap()));
     let report = conformance::check_contract(&broken, None);
     let failed: Vec<&str> = report.failed().map(|c| c.name.as_str()).collect();
-    assert!(failed.contains(&"events/record-synchronize"), "{report}");
+    // Which event check trips first depends on scheduling (the checks race the slow stream on
+    // purpose), so require that the kit flags the events, not one particular check.
+    assert!(failed.iter().any(|n| n.starts_with("events/")), "{report}");
 }
