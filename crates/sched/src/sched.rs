@@ -776,11 +776,17 @@ impl Scheduler {
                 self.set_bid(leaf, b, c);
             }
         }
+        // whether any node sits on a backend other than the last one: the first two sweeps of
+        // pass 2 expand only such assignments, and are skipped without one (one backend)
+        let mut any_gpu = false;
         for &node in nodes {
-            if self.bid(node) == -1 {
-                let (b, c) = self.backend_id_from_cur(ctx, node)?;
+            let mut b = self.bid(node);
+            if b == -1 {
+                let c;
+                (b, c) = self.backend_id_from_cur(ctx, node)?;
                 self.set_bid(node, b, c);
             }
+            any_gpu |= b != -1 && b != n_b - 1;
         }
 
         // pass 2: expand non-CPU backends down and up, then every backend down and up
@@ -792,6 +798,10 @@ impl Scheduler {
             }
         }
         for only_gpu in [true, false] {
+            if only_gpu && !any_gpu {
+                // every assigned node is on the last backend: these sweeps would set nothing
+                continue;
+            }
             for up in [false, true] {
                 let mut cur: i32 = -1;
                 for k in 0..compute_nodes.len() {
