@@ -593,7 +593,19 @@ impl Scheduler {
         let Some(st) = Self::root_storage(ctx, t) else {
             return -1;
         };
-        let Some(buft) = storage_buffer_type(st) else {
+        self.backend_from_buft(ctx, storage_buffer_type(st), t, op)
+    }
+
+    /// [`Scheduler::backend_from_buffer`] for a buffer type the caller already looked up
+    /// (`t` only names the tensor in the log).
+    fn backend_from_buft(
+        &self,
+        ctx: &Context,
+        buft: Option<&BufferType>,
+        t: &Tensor,
+        op: TensorId,
+    ) -> i32 {
+        let Some(buft) = buft else {
             return -1;
         };
         for (i, d) in self.devices.iter().enumerate() {
@@ -612,17 +624,26 @@ impl Scheduler {
     /// `ggml_backend_sched_backend_id_from_cur`.
     fn backend_id_from_cur(&self, ctx: &Context, id: TensorId) -> Result<(i32, Cause)> {
         let t = ctx.get(id)?;
-        let b = self.backend_from_buffer(ctx, t, id);
+        let root = Self::root_storage(ctx, t);
+        let b = match root {
+            Some(st) => self.backend_from_buft(ctx, storage_buffer_type(st), t, id),
+            None => -1,
+        };
         if b != -1 {
             return Ok((b, Cause::Dst));
         }
         if let Some(vs) = t.view_src() {
-            let b = self.backend_from_buffer(ctx, ctx.get(vs)?, id);
-            if b != -1 {
-                return Ok((b, Cause::ViewSrc));
+            let vt = ctx.get(vs)?;
+            // A root that is no view itself decides through the storage just asked about,
+            // with the same op: the answer is the same -1, so it is not asked again.
+            if vt.view_src().is_some() {
+                let b = self.backend_from_buffer(ctx, vt, id);
+                if b != -1 {
+                    return Ok((b, Cause::ViewSrc));
+                }
             }
         }
-        if let Some(st) = Self::root_storage(ctx, t) {
+        if let Some(st) = root {
             let buffer = storage_buffer_type(st).map_or("?", |b| b.name()).to_owned();
             return Err(SchedError::PreallocatedUnsupported {
                 tensor: t.name().to_owned(),
@@ -646,8 +667,10 @@ impl Scheduler {
             if storage_usage(st) != Some(BufferUsage::Weights) {
                 continue;
             }
-            let sb = self.backend_from_buffer(ctx, src, id);
-            if sb == last && storage_buffer_type(st).is_some_and(BufferType::is_host) {
+            // `src` is no view (it has its own storage), so its buffer decides
+            let buft = storage_buffer_type(st);
+            let sb = self.backend_from_buft(ctx, buft, src, id);
+            if sb == last && buft.is_some_and(BufferType::is_host) {
                 for b in 0..sb as usize {
                     if self.devices[b].supports_op(ctx, id) && self.devices[b].offload_op(ctx, id) {
                         return Ok((b as i32, Cause::Offload));
