@@ -846,9 +846,13 @@ impl Scheduler {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
         for &node in &compute_nodes {
+            let b = self.bid(node);
+            if b == 0 {
+                // nothing to upgrade to
+                continue;
+            }
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
-            let b = self.bid(node);
             if b == -1 {
                 let mut best = -1i32;
                 for cand in 0..self.backends.len() {
@@ -892,16 +896,16 @@ impl Scheduler {
         for &node in nodes {
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
-            let vs = t.view_src();
-            if let Some(vs) = vs
-                && self.bid(node) == -1
+            let mut cur = self.bid(node);
+            if cur == -1
+                && let Some(vs) = t.view_src()
             {
                 let b = self.bid(vs);
                 if b != -1 {
                     self.set_bid(node, b, Cause::FromViewSrc);
+                    cur = b;
                 }
             }
-            let cur = self.bid(node);
             for s in srcs.iter().flatten() {
                 if self.bid(*s) == -1 {
                     match ctx.get(*s)?.view_src() {
