@@ -441,18 +441,19 @@ impl GraphAllocator {
         if self.leaf_slots.len() < leafs.len() {
             self.leaf_slots.resize(leafs.len(), Slot::NONE);
         }
-        for (i, &node) in nodes.iter().enumerate() {
-            let dst = self.slot_of(ctx, node)?;
-            let mut src = [Slot::NONE; MAX_SRC];
+        // Written in place (building a NodeSlots and storing it costs two 264-byte copies).
+        let (records, bufts) = (&mut self.records, &self.bufts[..]);
+        for (&node, ns) in nodes.iter().zip(&mut self.node_slots) {
+            ns.dst = Self::slot_of(records, bufts, ctx, node)?;
+            ns.src = [Slot::NONE; MAX_SRC];
             for (k, s) in ctx.get(node)?.srcs_used().iter().enumerate() {
                 if let Some(s) = *s {
-                    src[k] = self.slot_of(ctx, s)?;
+                    ns.src[k] = Self::slot_of(records, bufts, ctx, s)?;
                 }
             }
-            self.node_slots[i] = NodeSlots { dst, src };
         }
-        for (i, &leaf) in leafs.iter().enumerate() {
-            self.leaf_slots[i] = self.slot_of(ctx, leaf)?;
+        for (&leaf, ls) in leafs.iter().zip(&mut self.leaf_slots) {
+            *ls = Self::slot_of(records, bufts, ctx, leaf)?;
         }
         self.n_nodes = nodes.len();
         self.n_leafs = leafs.len();
@@ -488,16 +489,21 @@ impl GraphAllocator {
         Ok(())
     }
 
-    fn slot_of(&mut self, ctx: &Context, id: TensorId) -> Result<Slot, AllocError> {
+    fn slot_of(
+        records: &mut Records,
+        bufts: &[BufferType],
+        ctx: &Context,
+        id: TensorId,
+    ) -> Result<Slot, AllocError> {
         let t = ctx.get(id)?;
         if t.is_view() || t.has_storage() {
             return Ok(Slot::NONE);
         }
-        let r = *self.records.get(id);
+        let r = *records.get(id);
         Ok(Slot {
             buffer_id: Some(r.buffer_id),
             offset: r.offset,
-            size_max: self.bufts[r.buffer_id as usize].alloc_size(t),
+            size_max: bufts[r.buffer_id as usize].alloc_size(t),
         })
     }
 

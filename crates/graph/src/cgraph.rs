@@ -252,6 +252,7 @@ impl Graph {
 
     /// Append a node without touching the visited set or checking uniqueness
     /// (`ggml_graph_add_node`).
+    #[inline]
     pub fn add_node(&mut self, id: TensorId) -> Result<(), GraphError> {
         if self.nodes.len() >= self.capacity {
             return Err(GraphError::GraphFull {
@@ -265,6 +266,7 @@ impl Graph {
 
     /// Append a leaf without touching the visited set (for builders that lay out their own
     /// graph, like the scheduler's allocation graph).
+    #[inline]
     pub fn add_leaf(&mut self, id: TensorId) -> Result<(), GraphError> {
         if self.leafs.len() >= self.capacity {
             return Err(GraphError::GraphFull {

@@ -593,7 +593,19 @@ impl Scheduler {
         let Some(st) = Self::root_storage(ctx, t) else {
             return -1;
         };
-        let Some(buft) = storage_buffer_type(st) else {
+        self.backend_from_buft(ctx, storage_buffer_type(st), t, op)
+    }
+
+    /// [`Scheduler::backend_from_buffer`] for a buffer type the caller already looked up
+    /// (`t` only names the tensor in the log).
+    fn backend_from_buft(
+        &self,
+        ctx: &Context,
+        buft: Option<&BufferType>,
+        t: &Tensor,
+        op: TensorId,
+    ) -> i32 {
+        let Some(buft) = buft else {
             return -1;
         };
         for (i, d) in self.devices.iter().enumerate() {
@@ -612,17 +624,26 @@ impl Scheduler {
     /// `ggml_backend_sched_backend_id_from_cur`.
     fn backend_id_from_cur(&self, ctx: &Context, id: TensorId) -> Result<(i32, Cause)> {
         let t = ctx.get(id)?;
-        let b = self.backend_from_buffer(ctx, t, id);
+        let root = Self::root_storage(ctx, t);
+        let b = match root {
+            Some(st) => self.backend_from_buft(ctx, storage_buffer_type(st), t, id),
+            None => -1,
+        };
         if b != -1 {
             return Ok((b, Cause::Dst));
         }
         if let Some(vs) = t.view_src() {
-            let b = self.backend_from_buffer(ctx, ctx.get(vs)?, id);
-            if b != -1 {
-                return Ok((b, Cause::ViewSrc));
+            let vt = ctx.get(vs)?;
+            // A root that is no view itself decides through the storage just asked about,
+            // with the same op: the answer is the same -1, so it is not asked again.
+            if vt.view_src().is_some() {
+                let b = self.backend_from_buffer(ctx, vt, id);
+                if b != -1 {
+                    return Ok((b, Cause::ViewSrc));
+                }
             }
         }
-        if let Some(st) = Self::root_storage(ctx, t) {
+        if let Some(st) = root {
             let buffer = storage_buffer_type(st).map_or("?", |b| b.name()).to_owned();
             return Err(SchedError::PreallocatedUnsupported {
                 tensor: t.name().to_owned(),
@@ -646,8 +667,10 @@ impl Scheduler {
             if storage_usage(st) != Some(BufferUsage::Weights) {
                 continue;
             }
-            let sb = self.backend_from_buffer(ctx, src, id);
-            if sb == last && storage_buffer_type(st).is_some_and(BufferType::is_host) {
+            // `src` is no view (it has its own storage), so its buffer decides
+            let buft = storage_buffer_type(st);
+            let sb = self.backend_from_buft(ctx, buft, src, id);
+            if sb == last && buft.is_some_and(BufferType::is_host) {
                 for b in 0..sb as usize {
                     if self.devices[b].supports_op(ctx, id) && self.devices[b].offload_op(ctx, id) {
                         return Ok((b as i32, Cause::Offload));
@@ -776,11 +799,17 @@ impl Scheduler {
                 self.set_bid(leaf, b, c);
             }
         }
+        // whether any node sits on a backend other than the last one: the first two sweeps of
+        // pass 2 expand only such assignments, and are skipped without one (one backend)
+        let mut any_gpu = false;
         for &node in nodes {
-            if self.bid(node) == -1 {
-                let (b, c) = self.backend_id_from_cur(ctx, node)?;
+            let mut b = self.bid(node);
+            if b == -1 {
+                let c;
+                (b, c) = self.backend_id_from_cur(ctx, node)?;
                 self.set_bid(node, b, c);
             }
+            any_gpu |= b != -1 && b != n_b - 1;
         }
 
         // pass 2: expand non-CPU backends down and up, then every backend down and up
@@ -792,6 +821,10 @@ impl Scheduler {
             }
         }
         for only_gpu in [true, false] {
+            if only_gpu && !any_gpu {
+                // every assigned node is on the last backend: these sweeps would set nothing
+                continue;
+            }
             for up in [false, true] {
                 let mut cur: i32 = -1;
                 for k in 0..compute_nodes.len() {
@@ -813,9 +846,13 @@ impl Scheduler {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
         for &node in &compute_nodes {
+            let b = self.bid(node);
+            if b == 0 {
+                // nothing to upgrade to
+                continue;
+            }
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
-            let b = self.bid(node);
             if b == -1 {
                 let mut best = -1i32;
                 for cand in 0..self.backends.len() {
@@ -859,16 +896,16 @@ impl Scheduler {
         for &node in nodes {
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
-            let vs = t.view_src();
-            if let Some(vs) = vs
-                && self.bid(node) == -1
+            let mut cur = self.bid(node);
+            if cur == -1
+                && let Some(vs) = t.view_src()
             {
                 let b = self.bid(vs);
                 if b != -1 {
                     self.set_bid(node, b, Cause::FromViewSrc);
+                    cur = b;
                 }
             }
-            let cur = self.bid(node);
             for s in srcs.iter().flatten() {
                 if self.bid(*s) == -1 {
                     match ctx.get(*s)?.view_src() {
