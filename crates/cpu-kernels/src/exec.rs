@@ -7,6 +7,7 @@
 //! any strides correct by construction.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use backend_core::BackendError;
 use graph::{Context, ElementType, Op, TensorId, UnaryOp};
@@ -18,6 +19,8 @@ use crate::quant;
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
+/// Chunks of units per thread that [`Exec::par_for`] aims for.
+const CHUNKS_PER_THREAD: usize = 8;
 /// Elements per unit of elementwise work.
 const ROW_CHUNK: usize = 4096;
 /// Rows of the weight matrix per unit in the dot-product matrix path.
@@ -74,12 +77,6 @@ fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
     &mut v[..n]
 }
 
-fn split(n: usize, nth: usize, ith: usize) -> Range<usize> {
-    let per = n.div_ceil(nth);
-    let start = (ith * per).min(n);
-    start..(start + per).min(n)
-}
-
 #[inline]
 fn unravel(r: usize, ne: [usize; 4]) -> (usize, usize, usize) {
     (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]))
@@ -101,8 +98,12 @@ pub(crate) struct Exec<'a> {
 }
 
 impl Exec<'_> {
-    /// Run `f(ith, units, scratch)` over `0..n_units` split evenly over as many threads as the
-    /// work justifies.
+    /// Run `f(units, scratch)` over `0..n_units` on as many threads as the work justifies.
+    ///
+    /// Units are handed out in chunks from a shared counter rather than split in fixed halves:
+    /// on a loaded machine one thread may be descheduled for a while, and a static split then
+    /// left the other spinning at the end of every op. A unit's result does not depend on
+    /// which thread computes it, so results stay bit-identical for any thread count.
     fn par_for<F>(&self, n_units: usize, unit_cost: usize, f: F) -> Result<(), BackendError>
     where
         F: Fn(Range<usize>, &mut ThreadScratch) -> Result<(), BackendError> + Sync,
@@ -119,14 +120,25 @@ impl Exec<'_> {
         if nth <= 1 {
             return f(0..n_units, &mut thread[0].lock());
         }
+        // Chunks: several per thread (so a late thread finds work left), none smaller than
+        // MIN_WORK / 4 of work (so claiming stays cheap next to computing).
+        let min_units = (MIN_WORK / 4).div_ceil(unit_cost.max(1)).max(1);
+        let chunk = n_units.div_ceil(nth * CHUNKS_PER_THREAD).max(min_units);
+        let next = AtomicUsize::new(0);
         let err: Mutex<Option<BackendError>> = Mutex::new(None);
         self.pool.run(nth, &|ith| {
-            let r = split(n_units, nth, ith);
-            if r.is_empty() {
-                return;
-            }
-            if let Err(e) = f(r, &mut thread[ith].lock()) {
-                err.lock().get_or_insert(e);
+            let mut ts = thread[ith].lock();
+            loop {
+                let start = next.fetch_add(chunk, Ordering::Relaxed);
+                if start >= n_units {
+                    return;
+                }
+                if let Err(e) = f(start..(start + chunk).min(n_units), &mut ts) {
+                    err.lock().get_or_insert(e);
+                    // Stop handing out work: the op failed.
+                    next.store(n_units, Ordering::Relaxed);
+                    return;
+                }
             }
         });
         match err.into_inner() {
