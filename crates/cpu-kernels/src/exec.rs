@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
-use crate::quant;
+use crate::quant::{self, ROWS};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
@@ -559,6 +559,7 @@ impl Exec<'_> {
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
         let mblocks = m.div_ceil(MM_ROWS);
+        let isa = quant::Isa::best();
         let this = &*self;
         this.par_for(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
             for u in units {
@@ -568,29 +569,53 @@ impl Exec<'_> {
                 let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * n);
-                for (ri, i) in rows.clone().enumerate() {
-                    if quantized {
-                        let row = a.row_bytes(i, a2, a3);
-                        for j in 0..n {
-                            let c = batch * n + j;
-                            let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                            out[j * nr + ri] = match a.ty {
-                                ElementType::Q4_0 => quant::dot_q4_0_q8_0(row, col),
-                                _ => quant::dot_q8_0_q8_0(row, col),
-                            };
-                        }
-                    } else {
-                        let row: &[f32] = match a.f32_row(i, a2, a3) {
-                            Some(r) => r,
-                            None => {
-                                let x = grow(&mut ts.a, k);
-                                a.load_f32(0, i, a2, a3, x);
-                                x
+                // Groups of ROWS weight rows share each column load (a short last group
+                // repeats its last row and drops the extra results).
+                for g0 in (0..nr).step_by(ROWS) {
+                    let g = (nr - g0).min(ROWS);
+                    let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
+                    let mut put = |j: usize, d: [f32; ROWS]| {
+                        out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
+                    };
+                    match a.ty {
+                        ElementType::Q4_0 => {
+                            let rws: [&[u8]; ROWS] =
+                                std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                            for j in 0..n {
+                                let c = batch * n + j;
+                                let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
+                                put(j, quant::dot_q4_0_q8_0_rows(isa, rws, col));
                             }
-                        };
-                        for j in 0..n {
-                            let c = batch * n + j;
-                            out[j * nr + ri] = quant::dot_f32(row, &packed_f32[c * k..(c + 1) * k]);
+                        }
+                        ElementType::Q8_0 => {
+                            for j in 0..n {
+                                let c = batch * n + j;
+                                let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
+                                put(
+                                    j,
+                                    std::array::from_fn(|r| {
+                                        quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
+                                    }),
+                                );
+                            }
+                        }
+                        _ => {
+                            let direct: [Option<&[f32]>; ROWS] =
+                                std::array::from_fn(|j| a.f32_row(row_of(j), a2, a3));
+                            let rws: [&[f32]; ROWS] = if direct.iter().all(Option::is_some) {
+                                direct.map(|r| r.unwrap_or_default())
+                            } else {
+                                let x = grow(&mut ts.a, ROWS * k);
+                                for (j, xr) in x.chunks_exact_mut(k).enumerate() {
+                                    a.load_f32(0, row_of(j), a2, a3, xr);
+                                }
+                                std::array::from_fn(|j| &x[j * k..(j + 1) * k])
+                            };
+                            for j in 0..n {
+                                let c = batch * n + j;
+                                let col = &packed_f32[c * k..(c + 1) * k];
+                                put(j, quant::dot_f32_rows(isa, rws, col));
+                            }
                         }
                     }
                 }
