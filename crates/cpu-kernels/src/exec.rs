@@ -182,9 +182,7 @@ impl Exec<'_> {
                     UnaryOp::Gelu => self.map(&dst, &a, gelu_tanh),
                     UnaryOp::Silu => self.map(&dst, &a, |x| x / (1.0 + (-x).exp())),
                     UnaryOp::Exp => self.map(&dst, &a, f32::exp),
-                    UnaryOp::GeluErf => self.map(&dst, &a, |x| {
-                        0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
-                    }),
+                    UnaryOp::GeluErf => self.map_slice(&dst, &a, crate::math::gelu_erf_slice),
                     _ => Err(unsupported(ctx, id)),
                 }
             }
@@ -249,6 +247,20 @@ impl Exec<'_> {
         a: &TView,
         f: F,
     ) -> Result<(), BackendError> {
+        self.map_slice(dst, a, |x: &mut [f32]| {
+            for v in x.iter_mut() {
+                *v = f(*v);
+            }
+        })
+    }
+
+    /// Apply `f` to chunks of rows in place (f sees up to ROW_CHUNK elements at a time).
+    fn map_slice<F: Fn(&mut [f32]) + Sync>(
+        &self,
+        dst: &TView,
+        a: &TView,
+        f: F,
+    ) -> Result<(), BackendError> {
         let ne0 = dst.ne[0];
         let nch = ne0.div_ceil(ROW_CHUNK);
         self.par_for(dst.nrows() * nch, ne0.min(ROW_CHUNK), |units, ts| {
@@ -259,9 +271,7 @@ impl Exec<'_> {
                 let (i1, i2, i3) = unravel(row, dst.ne);
                 let x = grow(&mut ts.a, len);
                 a.load_f32(i0, i1, i2, i3, x);
-                for v in x.iter_mut() {
-                    *v = f(*v);
-                }
+                f(x);
                 dst.store_f32(i0, i1, i2, i3, x);
             }
             Ok(())
