@@ -212,6 +212,18 @@ impl Exec<'_> {
             Op::Mul => |x, y| x * y,
             _ => |x, y| x / y,
         };
+        // Direct path: dense f32 rows, no broadcast along dim 0, and the result either apart
+        // from both sources or exactly one of them (in place). Anything else (partial
+        // overlap, strides) goes through scratch. Both compute the same f32 operations.
+        let dense = |t: &TView| t.nb[0] == 4;
+        let a_in = dst.same_elements(a);
+        let b_in = dst.same_elements(b);
+        let direct = dense(dst)
+            && dense(a)
+            && dense(b)
+            && b.ne[0] == ne0
+            && (a_in || !a.overlaps(dst))
+            && (b_in || !b.overlaps(dst));
         self.par_for(dst.nrows() * nch, ne0.min(ROW_CHUNK), |units, ts| {
             for u in units {
                 let (row, c) = (u / nch, u % nch);
@@ -219,6 +231,9 @@ impl Exec<'_> {
                 let len = ROW_CHUNK.min(ne0 - i0);
                 let (i1, i2, i3) = unravel(row, dst.ne);
                 let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+                if direct && binary_direct(op, dst, a, b, [i0, i1, i2, i3], [j1, j2, j3], len) {
+                    continue;
+                }
                 let xa = grow(&mut ts.a, len);
                 a.load_f32(i0, i1, i2, i3, xa);
                 if b.ne[0] == ne0 {
@@ -709,6 +724,72 @@ impl Exec<'_> {
             Ok(())
         })
     }
+}
+
+/// One chunk of a binary op without scratch (see `Exec::binary`); `false` when a span is
+/// misaligned, then the caller takes the scratch path. Monomorphised per op so the loops
+/// vectorise.
+fn binary_direct(
+    op: Op,
+    dst: &TView,
+    a: &TView,
+    b: &TView,
+    i: [usize; 4],
+    j: [usize; 3],
+    len: usize,
+) -> bool {
+    match op {
+        Op::Add => binary_direct_with(|x, y| x + y, dst, a, b, i, j, len),
+        Op::Sub => binary_direct_with(|x, y| x - y, dst, a, b, i, j, len),
+        Op::Mul => binary_direct_with(|x, y| x * y, dst, a, b, i, j, len),
+        _ => binary_direct_with(|x, y| x / y, dst, a, b, i, j, len),
+    }
+}
+
+#[inline(always)]
+fn binary_direct_with(
+    f: impl Fn(f32, f32) -> f32,
+    dst: &TView,
+    a: &TView,
+    b: &TView,
+    [i0, i1, i2, i3]: [usize; 4],
+    [j1, j2, j3]: [usize; 3],
+    len: usize,
+) -> bool {
+    let (a_in, b_in) = (dst.same_elements(a), dst.same_elements(b));
+    // SAFETY: this unit owns destination elements i0..i0+len of row (i1, i2, i3) (the
+    // executor hands each to one unit); sources equal to the destination are read only
+    // through this slice, and the others do not overlap it (checked by the caller).
+    let Some(out) = (unsafe { dst.f32_span_mut(i0, i1, i2, i3, len) }) else {
+        return false;
+    };
+    match (a_in, b_in) {
+        (true, true) => out.iter_mut().for_each(|x| *x = f(*x, *x)),
+        (true, false) => {
+            let Some(xb) = b.f32_span(i0, j1, j2, j3, len) else {
+                return false;
+            };
+            out.iter_mut().zip(xb).for_each(|(x, &y)| *x = f(*x, y));
+        }
+        (false, true) => {
+            let Some(xa) = a.f32_span(i0, i1, i2, i3, len) else {
+                return false;
+            };
+            out.iter_mut().zip(xa).for_each(|(y, &x)| *y = f(x, *y));
+        }
+        (false, false) => {
+            let (Some(xa), Some(xb)) = (
+                a.f32_span(i0, i1, i2, i3, len),
+                b.f32_span(i0, j1, j2, j3, len),
+            ) else {
+                return false;
+            };
+            for ((o, &x), &y) in out.iter_mut().zip(xa).zip(xb) {
+                *o = f(x, y);
+            }
+        }
+    }
+    true
 }
 
 fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
