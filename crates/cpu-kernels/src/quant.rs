@@ -125,6 +125,7 @@ fn dot_q8_0_q8_0_body(a: &[u8], b: &[u8]) -> f32 {
 /// `Avx2` needs AVX2, FMA and F16C; `Avx512` in addition AVX-512 F, BW, VL and VNNI. Under
 /// Miri (and off x86-64) only `Scalar` exists.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(any(miri, not(target_arch = "x86_64")), allow(dead_code))]
 pub(crate) enum Isa {
     /// Portable Rust (what Miri checks).
     Scalar,
