@@ -1,5 +1,6 @@
 //! Kernel throughput with 2 threads: MUL_MAT (square, and llama decode shapes with f32 and
-//! q4_0 weights) in GFLOP/s (criterion's "elem/s" = FLOP/s), elementwise ADD in GB/s.
+//! q4_0 weights) in GFLOP/s (criterion's "elem/s" = FLOP/s), elementwise ADD in GB/s (also
+//! in place), GELU_ERF in elements/s.
 //!
 //! `cargo bench -p cpu-kernels --bench kernels`; `BENCH_LARGE=1` adds MUL_MAT 4096³ f32.
 
@@ -85,6 +86,21 @@ fn bench_add(c: &mut Criterion) {
             bch.iter(|| black_box(cpu.compute(&ctx, g.as_view(), None).unwrap()))
         });
     }
+    {
+        let (n0, n1) = (4096i64, 1024i64);
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor_2d(ElementType::F32, n0, n1).unwrap();
+        let b = ctx.new_tensor_2d(ElementType::F32, n0, n1).unwrap();
+        let y = ctx.add_inplace(a, b).unwrap();
+        let mut g = Graph::new(8);
+        g.build_forward_expand(&mut ctx, y).unwrap();
+        let _buf = alloc(&mut ctx, &[a, b]);
+        backend_core::view_init(&mut ctx, y).unwrap();
+        group.throughput(Throughput::Bytes((3 * n0 * n1 * 4) as u64));
+        group.bench_function("f32_4096x1024_inplace", |bch| {
+            bch.iter(|| black_box(cpu.compute(&ctx, g.as_view(), None).unwrap()))
+        });
+    }
     // Baseline on the same machine and load: one thread copying 2 × 16 MiB.
     let src = vec![1u8; 4096 * 1024 * 4 * 2];
     let mut dst = vec![0u8; src.len()];
@@ -98,5 +114,27 @@ fn bench_add(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_mul_mat, bench_add);
+fn bench_unary(c: &mut Criterion) {
+    let cpu = CpuCompute::new(2);
+    let mut group = c.benchmark_group("unary");
+    let (n0, n1) = (1536i64, 256i64);
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_2d(ElementType::F32, n0, n1).unwrap();
+    let y = ctx.unary(a, graph::UnaryOp::GeluErf).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let _buf = alloc(&mut ctx, &[a, y]);
+    // Inputs spread over [-4, 4): every range of erf is exercised.
+    let vals: Vec<u8> = (0..n0 * n1)
+        .flat_map(|i| ((i * 7919 % 8192) as f32 / 1024.0 - 4.0).to_le_bytes())
+        .collect();
+    backend_core::tensor_set(&ctx, a, 0, &vals).unwrap();
+    group.throughput(Throughput::Elements((n0 * n1) as u64));
+    group.bench_function("gelu_erf_1536x256", |bch| {
+        bch.iter(|| black_box(cpu.compute(&ctx, g.as_view(), None).unwrap()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_mul_mat, bench_add, bench_unary);
 criterion_main!(benches);

@@ -7,6 +7,7 @@
 //! any strides correct by construction.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use backend_core::BackendError;
 use graph::{Context, ElementType, Op, TensorId, UnaryOp};
@@ -14,10 +15,12 @@ use parking_lot::Mutex;
 
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
-use crate::quant;
+use crate::quant::{self, ROWS};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
+/// Chunks of units per thread that [`Exec::par_for`] aims for.
+const CHUNKS_PER_THREAD: usize = 8;
 /// Elements per unit of elementwise work.
 const ROW_CHUNK: usize = 4096;
 /// Rows of the weight matrix per unit in the dot-product matrix path.
@@ -74,12 +77,6 @@ fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
     &mut v[..n]
 }
 
-fn split(n: usize, nth: usize, ith: usize) -> Range<usize> {
-    let per = n.div_ceil(nth);
-    let start = (ith * per).min(n);
-    start..(start + per).min(n)
-}
-
 #[inline]
 fn unravel(r: usize, ne: [usize; 4]) -> (usize, usize, usize) {
     (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]))
@@ -103,8 +100,12 @@ pub(crate) struct Exec<'a> {
 }
 
 impl Exec<'_> {
-    /// Run `f(ith, units, scratch)` over `0..n_units` split evenly over as many threads as the
-    /// work justifies.
+    /// Run `f(units, scratch)` over `0..n_units` on as many threads as the work justifies.
+    ///
+    /// Units are handed out in chunks from a shared counter rather than split in fixed halves:
+    /// on a loaded machine one thread may be descheduled for a while, and a static split then
+    /// left the other spinning at the end of every op. A unit's result does not depend on
+    /// which thread computes it, so results stay bit-identical for any thread count.
     fn par_for<F>(&self, n_units: usize, unit_cost: usize, f: F) -> Result<(), BackendError>
     where
         F: Fn(Range<usize>, &mut ThreadScratch) -> Result<(), BackendError> + Sync,
@@ -121,14 +122,25 @@ impl Exec<'_> {
         if nth <= 1 {
             return f(0..n_units, &mut thread[0].lock());
         }
+        // Chunks: several per thread (so a late thread finds work left), none smaller than
+        // MIN_WORK / 4 of work (so claiming stays cheap next to computing).
+        let min_units = (MIN_WORK / 4).div_ceil(unit_cost.max(1)).max(1);
+        let chunk = n_units.div_ceil(nth * CHUNKS_PER_THREAD).max(min_units);
+        let next = AtomicUsize::new(0);
         let err: Mutex<Option<BackendError>> = Mutex::new(None);
         self.pool.run(nth, &|ith| {
-            let r = split(n_units, nth, ith);
-            if r.is_empty() {
-                return;
-            }
-            if let Err(e) = f(r, &mut thread[ith].lock()) {
-                err.lock().get_or_insert(e);
+            let mut ts = thread[ith].lock();
+            loop {
+                let start = next.fetch_add(chunk, Ordering::Relaxed);
+                if start >= n_units {
+                    return;
+                }
+                if let Err(e) = f(start..(start + chunk).min(n_units), &mut ts) {
+                    err.lock().get_or_insert(e);
+                    // Stop handing out work: the op failed.
+                    next.store(n_units, Ordering::Relaxed);
+                    return;
+                }
             }
         });
         match err.into_inner() {
@@ -173,9 +185,7 @@ impl Exec<'_> {
                     UnaryOp::Gelu => self.map(&dst, &a, gelu_tanh),
                     UnaryOp::Silu => self.map(&dst, &a, |x| x / (1.0 + (-x).exp())),
                     UnaryOp::Exp => self.map(&dst, &a, f32::exp),
-                    UnaryOp::GeluErf => self.map(&dst, &a, |x| {
-                        0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
-                    }),
+                    UnaryOp::GeluErf => self.map_slice(&dst, &a, crate::math::gelu_erf_slice),
                     _ => Err(unsupported(ctx, id)),
                 }
             }
@@ -205,6 +215,18 @@ impl Exec<'_> {
             Op::Mul => |x, y| x * y,
             _ => |x, y| x / y,
         };
+        // Direct path: dense f32 rows, no broadcast along dim 0, and the result either apart
+        // from both sources or exactly one of them (in place). Anything else (partial
+        // overlap, strides) goes through scratch. Both compute the same f32 operations.
+        let dense = |t: &TView| t.nb[0] == 4;
+        let a_in = dst.same_elements(a);
+        let b_in = dst.same_elements(b);
+        let direct = dense(dst)
+            && dense(a)
+            && dense(b)
+            && b.ne[0] == ne0
+            && (a_in || !a.overlaps(dst))
+            && (b_in || !b.overlaps(dst));
         self.par_for(dst.nrows() * nch, ne0.min(ROW_CHUNK), |units, ts| {
             for u in units {
                 let (row, c) = (u / nch, u % nch);
@@ -212,6 +234,9 @@ impl Exec<'_> {
                 let len = ROW_CHUNK.min(ne0 - i0);
                 let (i1, i2, i3) = unravel(row, dst.ne);
                 let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+                if direct && binary_direct(op, dst, a, b, [i0, i1, i2, i3], [j1, j2, j3], len) {
+                    continue;
+                }
                 let xa = grow(&mut ts.a, len);
                 a.load_f32(i0, i1, i2, i3, xa);
                 if b.ne[0] == ne0 {
@@ -240,6 +265,20 @@ impl Exec<'_> {
         a: &TView,
         f: F,
     ) -> Result<(), BackendError> {
+        self.map_slice(dst, a, |x: &mut [f32]| {
+            for v in x.iter_mut() {
+                *v = f(*v);
+            }
+        })
+    }
+
+    /// Apply `f` to chunks of rows in place (f sees up to ROW_CHUNK elements at a time).
+    fn map_slice<F: Fn(&mut [f32]) + Sync>(
+        &self,
+        dst: &TView,
+        a: &TView,
+        f: F,
+    ) -> Result<(), BackendError> {
         let ne0 = dst.ne[0];
         let nch = ne0.div_ceil(ROW_CHUNK);
         self.par_for(dst.nrows() * nch, ne0.min(ROW_CHUNK), |units, ts| {
@@ -250,9 +289,7 @@ impl Exec<'_> {
                 let (i1, i2, i3) = unravel(row, dst.ne);
                 let x = grow(&mut ts.a, len);
                 a.load_f32(i0, i1, i2, i3, x);
-                for v in x.iter_mut() {
-                    *v = f(*v);
-                }
+                f(x);
                 dst.store_f32(i0, i1, i2, i3, x);
             }
             Ok(())
@@ -550,6 +587,7 @@ impl Exec<'_> {
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
         let mblocks = m.div_ceil(MM_ROWS);
+        let isa = quant::Isa::best();
         let this = &*self;
         this.par_for(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
             for u in units {
@@ -559,29 +597,53 @@ impl Exec<'_> {
                 let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * n);
-                for (ri, i) in rows.clone().enumerate() {
-                    if quantized {
-                        let row = a.row_bytes(i, a2, a3);
-                        for j in 0..n {
-                            let c = batch * n + j;
-                            let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                            out[j * nr + ri] = match a.ty {
-                                ElementType::Q4_0 => quant::dot_q4_0_q8_0(row, col),
-                                _ => quant::dot_q8_0_q8_0(row, col),
-                            };
-                        }
-                    } else {
-                        let row: &[f32] = match a.f32_row(i, a2, a3) {
-                            Some(r) => r,
-                            None => {
-                                let x = grow(&mut ts.a, k);
-                                a.load_f32(0, i, a2, a3, x);
-                                x
+                // Groups of ROWS weight rows share each column load (a short last group
+                // repeats its last row and drops the extra results).
+                for g0 in (0..nr).step_by(ROWS) {
+                    let g = (nr - g0).min(ROWS);
+                    let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
+                    let mut put = |j: usize, d: [f32; ROWS]| {
+                        out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
+                    };
+                    match a.ty {
+                        ElementType::Q4_0 => {
+                            let rws: [&[u8]; ROWS] =
+                                std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                            for j in 0..n {
+                                let c = batch * n + j;
+                                let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
+                                put(j, quant::dot_q4_0_q8_0_rows(isa, rws, col));
                             }
-                        };
-                        for j in 0..n {
-                            let c = batch * n + j;
-                            out[j * nr + ri] = quant::dot_f32(row, &packed_f32[c * k..(c + 1) * k]);
+                        }
+                        ElementType::Q8_0 => {
+                            for j in 0..n {
+                                let c = batch * n + j;
+                                let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
+                                put(
+                                    j,
+                                    std::array::from_fn(|r| {
+                                        quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
+                                    }),
+                                );
+                            }
+                        }
+                        _ => {
+                            let direct: [Option<&[f32]>; ROWS] =
+                                std::array::from_fn(|j| a.f32_row(row_of(j), a2, a3));
+                            let rws: [&[f32]; ROWS] = if direct.iter().all(Option::is_some) {
+                                direct.map(|r| r.unwrap_or_default())
+                            } else {
+                                let x = grow(&mut ts.a, ROWS * k);
+                                for (j, xr) in x.chunks_exact_mut(k).enumerate() {
+                                    a.load_f32(0, row_of(j), a2, a3, xr);
+                                }
+                                std::array::from_fn(|j| &x[j * k..(j + 1) * k])
+                            };
+                            for j in 0..n {
+                                let c = batch * n + j;
+                                let col = &packed_f32[c * k..(c + 1) * k];
+                                put(j, quant::dot_f32_rows(isa, rws, col));
+                            }
                         }
                     }
                 }
@@ -665,6 +727,72 @@ impl Exec<'_> {
             Ok(())
         })
     }
+}
+
+/// One chunk of a binary op without scratch (see `Exec::binary`); `false` when a span is
+/// misaligned, then the caller takes the scratch path. Monomorphised per op so the loops
+/// vectorise.
+fn binary_direct(
+    op: Op,
+    dst: &TView,
+    a: &TView,
+    b: &TView,
+    i: [usize; 4],
+    j: [usize; 3],
+    len: usize,
+) -> bool {
+    match op {
+        Op::Add => binary_direct_with(|x, y| x + y, dst, a, b, i, j, len),
+        Op::Sub => binary_direct_with(|x, y| x - y, dst, a, b, i, j, len),
+        Op::Mul => binary_direct_with(|x, y| x * y, dst, a, b, i, j, len),
+        _ => binary_direct_with(|x, y| x / y, dst, a, b, i, j, len),
+    }
+}
+
+#[inline(always)]
+fn binary_direct_with(
+    f: impl Fn(f32, f32) -> f32,
+    dst: &TView,
+    a: &TView,
+    b: &TView,
+    [i0, i1, i2, i3]: [usize; 4],
+    [j1, j2, j3]: [usize; 3],
+    len: usize,
+) -> bool {
+    let (a_in, b_in) = (dst.same_elements(a), dst.same_elements(b));
+    // SAFETY: this unit owns destination elements i0..i0+len of row (i1, i2, i3) (the
+    // executor hands each to one unit); sources equal to the destination are read only
+    // through this slice, and the others do not overlap it (checked by the caller).
+    let Some(out) = (unsafe { dst.f32_span_mut(i0, i1, i2, i3, len) }) else {
+        return false;
+    };
+    match (a_in, b_in) {
+        (true, true) => out.iter_mut().for_each(|x| *x = f(*x, *x)),
+        (true, false) => {
+            let Some(xb) = b.f32_span(i0, j1, j2, j3, len) else {
+                return false;
+            };
+            out.iter_mut().zip(xb).for_each(|(x, &y)| *x = f(*x, y));
+        }
+        (false, true) => {
+            let Some(xa) = a.f32_span(i0, i1, i2, i3, len) else {
+                return false;
+            };
+            out.iter_mut().zip(xa).for_each(|(y, &x)| *y = f(x, *y));
+        }
+        (false, false) => {
+            let (Some(xa), Some(xb)) = (
+                a.f32_span(i0, i1, i2, i3, len),
+                b.f32_span(i0, j1, j2, j3, len),
+            ) else {
+                return false;
+            };
+            for ((o, &x), &y) in out.iter_mut().zip(xa).zip(xb) {
+                *o = f(x, y);
+            }
+        }
+    }
+    true
 }
 
 fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {

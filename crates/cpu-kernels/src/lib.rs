@@ -21,6 +21,8 @@
 //!
 //! GELU uses the tanh formula in f32; ggml's default build instead looks the result up in a
 //! table indexed by x rounded to f16, so the two differ by at most that rounding's effect.
+//! GELU_ERF is evaluated branch-free in f64 (a fitted `erfc` form, see `math`), so it
+//! vectorises; results are within about one f32 ulp of the exact function.
 //! Row reductions (norms, softmax sums) accumulate in f64 like ggml's `ggml_float`.
 //!
 //! # Design choices
@@ -32,9 +34,11 @@
 //!   weights are dequantized into a per-thread f32 panel first. Thin products (decode: 1 to 15
 //!   columns) are memory bound, so they take a dot-product path: f32/f16/bf16 rows against
 //!   f32 columns; for q8_0/q4_0 weights the columns are quantized to q8_0 once and each row is
-//!   dotted block by block with integer sums, as ggml does. The crate is compiled for the
-//!   baseline x86-64 target, so these dot products have AVX2/FMA/F16C versions chosen at run
-//!   time (`quant`'s `x86` module; the quantized ones use intrinsics, ggml's scheme).
+//!   dotted block by block with integer sums, as ggml does. f32 and q4_0 rows are dotted four
+//!   at a time, so each column load serves four rows and four weight streams run side by
+//!   side. The crate is compiled for the baseline x86-64 target, so these dot products have
+//!   AVX2/FMA/F16C and AVX-512 (F, BW, VL, VNNI) versions chosen at run time (`quant`'s `x86`
+//!   module, intrinsics), with portable versions that Miri checks and tests compare against.
 //! * **`half`** converts f16/bf16: it is the standard crate for these types, exact in both
 //!   directions (round to nearest even), and uses the F16C instructions when the CPU has them.
 //! * **Threads**: a persistent pool (see `pool`), work split per op into row units; ops below
@@ -79,6 +83,7 @@
 //! ```
 
 mod exec;
+mod math;
 mod mem;
 mod pool;
 mod quant;

@@ -344,6 +344,61 @@ impl TView {
         Some(unsafe { std::slice::from_raw_parts(p.cast::<f32>(), n) })
     }
 
+    /// Whether `self` and `other` describe the very same elements: same start, type,
+    /// extents and strides (an in-place op's result and its source).
+    pub fn same_elements(&self, other: &TView) -> bool {
+        self.ptr == other.ptr && self.ty == other.ty && self.ne == other.ne && self.nb == other.nb
+    }
+
+    /// Elements `i0 .. i0 + n` of row `(i1, i2, i3)` of a dense, aligned F32 tensor as a
+    /// slice; `None` otherwise. Same rule as [`TView::row_bytes`]: only for sources that do
+    /// not overlap the destination of the running op.
+    pub fn f32_span(&self, i0: usize, i1: usize, i2: usize, i3: usize, n: usize) -> Option<&[f32]> {
+        let p = self.f32_span_ptr(i0, i1, i2, i3, n)?;
+        // SAFETY: `n` floats from `p` are inside the tensor and aligned (f32_span_ptr); the
+        // memory is not written during the op (the caller's rule above).
+        Some(unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    /// [`TView::f32_span`] for writing: the elements of the running op's destination that
+    /// this unit of work owns.
+    ///
+    /// # Safety
+    /// While the slice lives, no other reference to these elements may exist and no other
+    /// thread may access them (the executor hands each destination element to one unit, and
+    /// the caller reads an in-place source only through this slice).
+    #[allow(clippy::mut_from_ref)] // tensor memory, not `self`: exclusivity is the contract
+    pub unsafe fn f32_span_mut(
+        &self,
+        i0: usize,
+        i1: usize,
+        i2: usize,
+        i3: usize,
+        n: usize,
+    ) -> Option<&mut [f32]> {
+        let p = self.f32_span_ptr(i0, i1, i2, i3, n)?;
+        // SAFETY: in bounds and aligned (f32_span_ptr); exclusive by the caller's contract.
+        Some(unsafe { std::slice::from_raw_parts_mut(p, n) })
+    }
+
+    fn f32_span_ptr(
+        &self,
+        i0: usize,
+        i1: usize,
+        i2: usize,
+        i3: usize,
+        n: usize,
+    ) -> Option<*mut f32> {
+        if self.ty != ElementType::F32 || self.nb[0] != 4 {
+            return None;
+        }
+        let off = self.offset_checked(i0, i1, i2, i3, n);
+        let p = self.at(off);
+        (p as usize)
+            .is_multiple_of(std::mem::align_of::<f32>())
+            .then_some(p.cast::<f32>())
+    }
+
     /// Write `bytes` over dense row `(i1, i2, i3)` (quantized destinations).
     pub fn store_row_bytes(&self, i1: usize, i2: usize, i3: usize, bytes: &[u8]) {
         assert!(

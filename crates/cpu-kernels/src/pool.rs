@@ -3,8 +3,14 @@
 //! Why not `std::thread::scope` or rayon: a decode step runs hundreds of small ops, and
 //! spawning threads per op (or per graph) costs more than the ops. ggml keeps its threads
 //! alive and synchronises them per op; we do the same with a job slot, an epoch counter that
-//! workers spin on briefly (cheap hand-off for back-to-back ops) before sleeping on a condition
-//! variable (no burnt CPU between graphs). The caller's thread always takes part as worker 0.
+//! workers poll briefly (cheap hand-off for back-to-back ops) before sleeping on a condition
+//! variable. The caller's thread always takes part as worker 0.
+//!
+//! Waiting is bounded by time, not by a loop count: a few microseconds of `spin_loop` (a
+//! decode step issues its parallel ops a few microseconds apart), then a few `yield_now`s
+//! (on a loaded machine the thread we wait for may need our core), then sleep. Spinning for
+//! long burnt a whole core while the other thread ran the many small single-threaded ops of a
+//! decode step, and on a shared machine took time from the very thread being waited for.
 //!
 //! The job is a borrowed closure. Workers receive it with its lifetime erased; this is sound
 //! because [`Pool::run`] does not return (or unwind) before every worker has finished with it.
@@ -13,6 +19,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -42,8 +49,37 @@ struct Shared {
     panicked: AtomicBool,
 }
 
-/// How long a worker polls for the next job before sleeping (iterations of `spin_loop`).
-const SPIN: u32 = if cfg!(miri) { 0 } else { 20_000 };
+/// How long a thread polls (with `spin_loop`) before it starts yielding its core.
+const SPIN_TIME: Duration = Duration::from_micros(if cfg!(miri) { 0 } else { 20 });
+/// How many `yield_now` calls follow the spin before the thread sleeps.
+const YIELDS: u32 = if cfg!(miri) { 0 } else { 8 };
+
+/// Poll `ready` for [`SPIN_TIME`], then yield [`YIELDS`] times; `true` as soon as it holds.
+/// The caller sleeps on a condition variable when this returns `false`.
+fn poll(ready: impl Fn() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+            if ready() {
+                return true;
+            }
+        }
+        if start.elapsed() >= SPIN_TIME {
+            break;
+        }
+    }
+    for _ in 0..YIELDS {
+        std::thread::yield_now();
+        if ready() {
+            return true;
+        }
+    }
+    false
+}
 
 /// The pool: `n_threads - 1` workers plus the calling thread.
 pub(crate) struct Pool {
@@ -127,12 +163,8 @@ impl Pool {
         }
         self.shared.work.notify_all();
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
-        // Wait for the workers: spin briefly, then sleep.
-        let mut spins = 0;
-        while self.shared.remaining.load(Ordering::Acquire) != 0 && spins < SPIN {
-            std::hint::spin_loop();
-            spins += 1;
-        }
+        // Wait for the workers: poll briefly, then sleep.
+        poll(|| self.shared.remaining.load(Ordering::Acquire) == 0);
         {
             let mut s = self.shared.slot.lock();
             while self.shared.remaining.load(Ordering::Acquire) != 0 {
@@ -152,11 +184,7 @@ impl Pool {
 fn worker(sh: Arc<Shared>, ith: usize) {
     let mut seen = 0u64;
     loop {
-        let mut spins = 0;
-        while sh.epoch.load(Ordering::Acquire) == seen && spins < SPIN {
-            std::hint::spin_loop();
-            spins += 1;
-        }
+        poll(|| sh.epoch.load(Ordering::Acquire) != seen);
         let (job, n) = {
             let mut s = sh.slot.lock();
             while s.epoch == seen && !s.shutdown {

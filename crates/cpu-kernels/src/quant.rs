@@ -78,17 +78,7 @@ pub(crate) fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Σ over blocks of `d_a · d_b · Σ q_a · q_b` for a q4_0 row and a q8_0 row.
-pub(crate) fn dot_q4_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if x86::has_avx2_fma_f16c() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above), the only requirement
-        // of the target-feature function.
-        return unsafe { x86::dot_q4_0_q8_0(a, b) };
-    }
-    dot_q4_0_q8_0_body(a, b)
-}
-
+/// Σ over blocks of `d_a · d_b · Σ q_a · q_b` for a q4_0 row and a q8_0 row (portable).
 #[inline(always)]
 fn dot_q4_0_q8_0_body(a: &[u8], b: &[u8]) -> f32 {
     let mut sum = 0.0f32;
@@ -130,51 +120,141 @@ fn dot_q8_0_q8_0_body(a: &[u8], b: &[u8]) -> f32 {
     sum
 }
 
-/// f32 dot product (products summed in 32 independent lanes, then reduced).
-pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        return unsafe { x86::dot_f32(a, b) };
-    }
-    dot_f32_body::<false>(a, b)
+/// An instruction-set level for the hand-written kernels, detected at run time.
+///
+/// `Avx2` needs AVX2, FMA and F16C; `Avx512` in addition AVX-512 F, BW, VL and VNNI. Under
+/// Miri (and off x86-64) only `Scalar` exists.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(any(miri, not(target_arch = "x86_64")), allow(dead_code))]
+pub(crate) enum Isa {
+    /// Portable Rust (what Miri checks).
+    Scalar,
+    /// 256-bit vectors.
+    Avx2,
+    /// 512-bit vectors and VNNI byte dot products.
+    Avx512,
 }
 
-#[inline(always)]
-fn dot_f32_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 32;
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; L];
-    let ca = a.chunks_exact(L);
-    let cb = b.chunks_exact(L);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for k in 0..L {
-            acc[k] = if FMA {
-                x[k].mul_add(y[k], acc[k])
-            } else {
-                acc[k] + x[k] * y[k]
-            };
+impl Isa {
+    /// The best level this CPU supports (cached by the standard library's detection).
+    #[inline]
+    pub(crate) fn best() -> Isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        {
+            if x86::has_avx512() {
+                return Isa::Avx512;
+            }
+            if x86::has_avx2_fma_f16c() {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Every level this CPU supports, `Scalar` first (for tests comparing them).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        let best = Isa::best();
+        if best != Isa::Scalar {
+            v.push(Isa::Avx2);
+        }
+        if best == Isa::Avx512 {
+            v.push(Isa::Avx512);
+        }
+        v
+    }
+}
+
+/// Rows dotted together by the multi-row kernels: the column is loaded once per step and
+/// used for all of them, and the rows are streamed side by side.
+pub(crate) const ROWS: usize = 4;
+
+/// `out[r] = rows[r] · col` for [`ROWS`] f32 rows of `col.len()` elements each.
+///
+/// Each row is summed in 16 lanes per vector step and reduced at the end, so the rounding
+/// differs between levels by reassociation only.
+pub(crate) fn dot_f32_rows(isa: Isa, rows: [&[f32]; ROWS], col: &[f32]) -> [f32; ROWS] {
+    let k = col.len();
+    assert!(
+        rows.iter().all(|r| r.len() >= k),
+        "dot_f32_rows: short row (a kernel bug)"
+    );
+    match isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx512 if x86::has_avx512() => {
+            // SAFETY: the CPU has the AVX-512 features (checked in the guard); every row
+            // holds at least `col.len()` floats (asserted above).
+            unsafe { x86::dot_f32_rows_avx512(rows, col) }
+        }
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx2 | Isa::Avx512 if x86::has_avx2_fma_f16c() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C; rows are long enough (asserted).
+            unsafe { x86::dot_f32_rows_avx2(rows, col) }
+        }
+        _ => dot_f32_rows_scalar(rows, col),
+    }
+}
+
+fn dot_f32_rows_scalar(rows: [&[f32]; ROWS], col: &[f32]) -> [f32; ROWS] {
+    const L: usize = 16;
+    let k = col.len();
+    let mut acc = [[0.0f32; L]; ROWS];
+    let full = k / L * L;
+    for i in (0..full).step_by(L) {
+        let c = &col[i..i + L];
+        for (a, row) in acc.iter_mut().zip(rows) {
+            let x = &row[i..i + L];
+            for l in 0..L {
+                a[l] += x[l] * c[l];
+            }
         }
     }
-    let mut tail = 0.0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
+    let mut out = [0.0f32; ROWS];
+    for (r, (a, row)) in acc.iter().zip(rows).enumerate() {
+        let mut s = 0.0f32;
+        for i in full..k {
+            s += row[i] * col[i];
+        }
+        out[r] = a.iter().sum::<f32>() + s;
     }
-    let mut s = 0.0f32;
-    for v in acc {
-        s += v;
+    out
+}
+
+/// `out[r]` = the q4_0 row `rows[r]` dotted with the q8_0 column `col` (same block count).
+///
+/// The integer sum of every block is exact, so all levels agree up to the order of the f32
+/// additions across blocks.
+pub(crate) fn dot_q4_0_q8_0_rows(isa: Isa, rows: [&[u8]; ROWS], col: &[u8]) -> [f32; ROWS] {
+    let nb = col.len() / Q8_0_BYTES;
+    assert!(
+        rows.iter().all(|r| r.len() >= nb * Q4_0_BYTES),
+        "dot_q4_0_q8_0_rows: short row (a kernel bug)"
+    );
+    match isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx512 if x86::has_avx512() => {
+            // SAFETY: the CPU has the AVX-512 features (checked in the guard); every row has
+            // `nb` q4_0 blocks (asserted above) and `col` has `nb` q8_0 blocks.
+            unsafe { x86::dot_q4_0_q8_0_rows_vnni(rows, col) }
+        }
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx2 | Isa::Avx512 if x86::has_avx2_fma_f16c() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C; block counts as above.
+            unsafe { x86::dot_q4_0_q8_0_rows_avx2(rows, col) }
+        }
+        _ => rows.map(|r| dot_q4_0_q8_0_body(&r[..nb * Q4_0_BYTES], col)),
     }
-    s + tail
 }
 
 /// The same bodies compiled for AVX2 (+FMA), chosen at run time: the crate is built for the
 /// baseline x86-64 target, where the compiler may only use SSE2.
 ///
-/// The quantized dots are written with intrinsics (ggml's scheme: widen the nibbles to
-/// bytes, multiply signed bytes pairwise with `maddubs` after moving the sign to the other
-/// operand, add pairs to i32 lanes, scale by the two f16 block scales in f32).
+/// The quantized dots are written with intrinsics: nibbles are widened to bytes and
+/// multiplied with the column's signed bytes into i32 lanes (`maddubs` + `madd`, or VNNI's
+/// `dpbusd`), each block's exact integer sum is scaled by the two f16 block scales (converted
+/// with F16C inside these functions) and accumulated in f32. For q4_0 the nibbles stay
+/// unsigned (0..16) and `8 · Σ q8` is subtracted once per column block in integers.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86 {
     use std::arch::x86_64::*;
@@ -185,11 +265,192 @@ mod x86 {
             && std::arch::is_x86_feature_detected!("f16c")
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-        super::dot_f32_body::<true>(a, b)
+    pub(super) fn has_avx512() -> bool {
+        has_avx2_fma_f16c()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
     }
 
+    /// Four rows against one column, 16 floats per step, two steps per iteration (eight
+    /// independent accumulators hide the FMA latency); the tail uses masked loads.
+    ///
+    /// # Safety
+    /// The CPU must have the `has_avx512` features; every row at least `col.len()` long.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_f32_rows_avx512(rows: [&[f32]; 4], col: &[f32]) -> [f32; 4] {
+        let k = col.len();
+        let c = col.as_ptr();
+        let r = rows.map(<[f32]>::as_ptr);
+        let mut a = [_mm512_setzero_ps(); 4];
+        let mut b = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY: all loads below stay below index `k`, which every row and `col` hold
+        // (caller's contract): full loads read [i, i + 32) with i + 32 <= k, masked loads
+        // touch only the lanes below `k - i`.
+        unsafe {
+            while i + 32 <= k {
+                let c0 = _mm512_loadu_ps(c.add(i));
+                let c1 = _mm512_loadu_ps(c.add(i + 16));
+                for j in 0..4 {
+                    a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(r[j].add(i)), c0, a[j]);
+                    b[j] = _mm512_fmadd_ps(_mm512_loadu_ps(r[j].add(i + 16)), c1, b[j]);
+                }
+                i += 32;
+            }
+            while i < k {
+                let m: __mmask16 = if k - i >= 16 {
+                    0xffff
+                } else {
+                    (1u16 << (k - i)) - 1
+                };
+                let c0 = _mm512_maskz_loadu_ps(m, c.add(i));
+                for j in 0..4 {
+                    a[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r[j].add(i)), c0, a[j]);
+                }
+                i += 16;
+            }
+        }
+        let mut out = [0.0f32; 4];
+        for j in 0..4 {
+            out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a[j], b[j]));
+        }
+        out
+    }
+
+    /// [`dot_f32_rows_avx512`] with 8-float vectors; the tail is summed in scalar code.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; every row at least `col.len()` long.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f32_rows_avx2(rows: [&[f32]; 4], col: &[f32]) -> [f32; 4] {
+        let k = col.len();
+        let c = col.as_ptr();
+        let r = rows.map(<[f32]>::as_ptr);
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut b = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY: every load reads [i, i + 16) with i + 16 <= k, inside each row and `col`.
+        unsafe {
+            while i + 16 <= k {
+                let c0 = _mm256_loadu_ps(c.add(i));
+                let c1 = _mm256_loadu_ps(c.add(i + 8));
+                for j in 0..4 {
+                    a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(r[j].add(i)), c0, a[j]);
+                    b[j] = _mm256_fmadd_ps(_mm256_loadu_ps(r[j].add(i + 8)), c1, b[j]);
+                }
+                i += 16;
+            }
+        }
+        let mut out = [0.0f32; 4];
+        for j in 0..4 {
+            let mut s = hsum(_mm256_add_ps(a[j], b[j]));
+            for t in i..k {
+                s += rows[j][t] * col[t];
+            }
+            out[j] = s;
+        }
+        out
+    }
+
+    /// The f16 scales at byte `off` of four rows, as f32 lanes 0..4.
+    ///
+    /// # Safety
+    /// Bytes `off .. off + 2` of every row must be readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales4(rp: &[*const u8; 4], off: usize) -> __m128 {
+        // SAFETY: two bytes at `off` are readable in each row (caller's contract); unaligned
+        // reads are allowed.
+        let h = |j: usize| unsafe { rp[j].add(off).cast::<i16>().read_unaligned() };
+        _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
+    }
+
+    /// The 32 unsigned nibbles (0..16) of the q4_0 block at `p + 2` as bytes: low nibbles
+    /// in the lower 16 bytes, high nibbles in the upper 16.
+    ///
+    /// # Safety
+    /// `p .. p + 18` must be readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: bytes 2..18 of the block are readable (caller's contract).
+        let q = unsafe { _mm_loadu_si128(p.add(2).cast()) };
+        let m4 = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(q, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// Four q4_0 rows against a q8_0 column with VNNI: `dpbusd` multiplies the unsigned
+    /// nibbles (0..16) by the signed column bytes; the `8 · Σ q8` correction is computed once
+    /// per column block and subtracted in integers, so each block's sum is exact.
+    ///
+    /// # Safety
+    /// The CPU must have the `has_avx512` features; every row must hold
+    /// `col.len() / 34` q4_0 blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_q4_0_q8_0_rows_vnni(rows: [&[u8]; 4], col: &[u8]) -> [f32; 4] {
+        let eights = _mm256_set1_epi8(8);
+        let zero = _mm256_setzero_si256();
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let rp = rows.map(<[u8]>::as_ptr);
+        for (b, y) in col.chunks_exact(super::Q8_0_BYTES).enumerate() {
+            let off = b * super::Q4_0_BYTES;
+            // SAFETY: `y` is a 34-byte block: bytes 2..34 are inside it.
+            let qy = unsafe { _mm256_loadu_si256(y.as_ptr().add(2).cast()) };
+            let corr = _mm256_dpbusd_epi32(zero, eights, qy);
+            let dy = _mm_set1_ps(h2f(y[0], y[1]));
+            // SAFETY: every row holds block b, whose first two bytes are its scale.
+            let d = _mm_mul_ps(unsafe { scales4(&rp, off) }, dy);
+            let mut ds = [0.0f32; 4];
+            // SAFETY: `ds` holds four floats.
+            unsafe { _mm_storeu_ps(ds.as_mut_ptr(), d) };
+            for j in 0..4 {
+                // SAFETY: row j holds block b (caller's contract): bytes off..off + 18.
+                let qx = unsafe { nibbles(rp[j].add(off)) };
+                let s = _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, qx, qy), corr);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(ds[j]), _mm256_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        acc.map(|a| hsum(a))
+    }
+
+    /// [`dot_q4_0_q8_0_rows_vnni`] with `maddubs` + `madd` in place of `dpbusd` (the
+    /// products of unsigned nibbles and signed bytes fit in i16 pairs without saturation).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; block counts as for the VNNI version.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_0_q8_0_rows_avx2(rows: [&[u8]; 4], col: &[u8]) -> [f32; 4] {
+        let eights = _mm256_set1_epi8(8);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let rp = rows.map(<[u8]>::as_ptr);
+        for (b, y) in col.chunks_exact(super::Q8_0_BYTES).enumerate() {
+            let off = b * super::Q4_0_BYTES;
+            // SAFETY: `y` is a 34-byte block: bytes 2..34 are inside it.
+            let qy = unsafe { _mm256_loadu_si256(y.as_ptr().add(2).cast()) };
+            let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, qy), ones);
+            let dy = _mm_set1_ps(h2f(y[0], y[1]));
+            // SAFETY: every row holds block b, whose first two bytes are its scale.
+            let d = _mm_mul_ps(unsafe { scales4(&rp, off) }, dy);
+            let mut ds = [0.0f32; 4];
+            // SAFETY: `ds` holds four floats.
+            unsafe { _mm_storeu_ps(ds.as_mut_ptr(), d) };
+            for j in 0..4 {
+                // SAFETY: row j holds block b (caller's contract): bytes off..off + 18.
+                let qx = unsafe { nibbles(rp[j].add(off)) };
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones);
+                let s = _mm256_sub_epi32(p, corr);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(ds[j]), _mm256_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        acc.map(|a| hsum(a))
+    }
+
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn h2f(lo: u8, hi: u8) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
@@ -197,6 +458,7 @@ mod x86 {
         ))))
     }
 
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -206,39 +468,13 @@ mod x86 {
     }
 
     /// Σ qx·qy over 32 signed bytes as 8 f32 lanes.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn mul_sum_i8(qx: __m256i, qy: __m256i) -> __m256 {
         let ax = _mm256_sign_epi8(qx, qx);
         let sy = _mm256_sign_epi8(qy, qx);
         let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
         _mm256_cvtepi32_ps(dot)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn dot_q4_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let m4 = _mm_set1_epi8(0x0f);
-        let eight = _mm256_set1_epi8(8);
-        for (x, y) in a
-            .chunks_exact(super::Q4_0_BYTES)
-            .zip(b.chunks_exact(super::Q8_0_BYTES))
-        {
-            let d = h2f(x[0], x[1]) * h2f(y[0], y[1]);
-            // SAFETY: `x` is an 18-byte block, so the 16 bytes from offset 2 are inside it;
-            // `y` is a 34-byte block, so the 32 bytes from offset 2 are inside it. The loads
-            // are unaligned loads.
-            let (qx, qy) = unsafe {
-                (
-                    _mm_loadu_si128(x.as_ptr().add(2).cast()),
-                    _mm256_loadu_si256(y.as_ptr().add(2).cast()),
-                )
-            };
-            let lo = _mm_and_si128(qx, m4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(qx), m4);
-            let qx = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8(qx, qy), acc);
-        }
-        hsum(acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -259,5 +495,108 @@ mod x86 {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8(qx, qy), acc);
         }
         hsum(acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// Relative error of `got` against `want`, scaled by `scale` (a magnitude of the sum).
+    fn close(got: f32, want: f64, scale: f64, tol: f64) -> bool {
+        (f64::from(got) - want).abs() <= tol * scale.max(1e-30)
+    }
+
+    #[test]
+    fn f32_rows_every_level_matches_a_naive_dot() {
+        let lens: &[usize] = if cfg!(miri) {
+            &[0, 5, 16, 37]
+        } else {
+            &[0, 1, 15, 16, 17, 31, 32, 33, 100, 1000, 4096]
+        };
+        for &k in lens {
+            let rows: Vec<Vec<f32>> = (0..ROWS as u64).map(|r| values(r + 1, k + 3)).collect();
+            let col = values(99, k);
+            let rr: [&[f32]; ROWS] = std::array::from_fn(|j| &rows[j][..]);
+            let want: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|r| {
+                    let p = r
+                        .iter()
+                        .zip(&col)
+                        .map(|(&x, &y)| f64::from(x) * f64::from(y));
+                    let abs: f64 = p.clone().map(f64::abs).sum();
+                    (p.sum(), abs)
+                })
+                .collect();
+            for isa in Isa::available() {
+                let got = dot_f32_rows(isa, rr, &col);
+                for j in 0..ROWS {
+                    assert!(
+                        close(got[j], want[j].0, want[j].1, 1e-6),
+                        "{isa:?} k={k} row {j}: {} vs {}",
+                        got[j],
+                        want[j].0
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q4_0_rows_every_level_matches_the_block_sums() {
+        let nbs: &[usize] = if cfg!(miri) { &[1, 3] } else { &[1, 2, 7, 128] };
+        for &nb in nbs {
+            let k = nb * QK;
+            let mut col = vec![0u8; nb * Q8_0_BYTES];
+            quantize_q8_0(&values(7, k), &mut col);
+            let mut rows = vec![vec![0u8; nb * Q4_0_BYTES]; ROWS];
+            for (j, r) in rows.iter_mut().enumerate() {
+                quantize_q4_0(&values(j as u64 + 20, k), r);
+            }
+            // Extreme nibbles and bytes in the first block: all 0x0f/0xf0 against ±127.
+            rows[0][2..18].fill(0xff);
+            rows[1][2..18].fill(0x00);
+            col[2..34].iter_mut().enumerate().for_each(|(i, b)| {
+                *b = if i % 2 == 0 { 127 } else { (-127i8) as u8 };
+            });
+            // The reference: dequantize both sides and sum in f64.
+            let mut y = vec![0.0f32; k];
+            dequantize_q8_0(&col, &mut y);
+            let rr: [&[u8]; ROWS] = std::array::from_fn(|j| &rows[j][..]);
+            for isa in Isa::available() {
+                let got = dot_q4_0_q8_0_rows(isa, rr, &col);
+                for j in 0..ROWS {
+                    let mut x = vec![0.0f32; k];
+                    dequantize_q4_0(&rows[j], &mut x);
+                    let p = x.iter().zip(&y).map(|(&a, &b)| f64::from(a) * f64::from(b));
+                    let abs: f64 = p.clone().map(f64::abs).sum();
+                    let want: f64 = p.sum();
+                    assert!(
+                        close(got[j], want, abs, 1e-5),
+                        "{isa:?} nb={nb} row {j}: {} vs {want}",
+                        got[j]
+                    );
+                }
+                // Levels sum the same exact block integers: they agree closely.
+                let scalar = dot_q4_0_q8_0_rows(Isa::Scalar, rr, &col);
+                for j in 0..ROWS {
+                    assert!((got[j] - scalar[j]).abs() <= 1e-5 * scalar[j].abs().max(1.0));
+                }
+            }
+        }
     }
 }
