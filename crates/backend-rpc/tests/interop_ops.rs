@@ -15,7 +15,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use backend_core::{Backend, Buffer, tensor_alloc, tensor_get, tensor_set, view_init};
+use backend_core::{Backend, Buffer, tensor_get, tensor_set};
 use backend_rpc::{RpcConfig, connect};
 use conformance::{CaseOutcome, OpOptions, check_ops, nmse_threshold};
 use graph::{Context, ElementType, Graph, Op, TensorId};
@@ -174,31 +174,8 @@ fn extra_cases() -> Vec<Case> {
 /// Places every tensor of `g` in one buffer of `backend`'s default type (views get their
 /// roots' storage) and fills the inputs.
 fn place(case: &mut Case, g: &Graph, backend: &Backend) -> Buffer {
+    let buf = conformance::place_graph(&mut case.ctx, g, backend).unwrap();
     let ctx = &mut case.ctx;
-    let buft = backend.default_buffer_type();
-    let mut ids: Vec<TensorId> = g.leafs().iter().chain(g.nodes()).copied().collect();
-    let roots: Vec<TensorId> = ids.iter().filter_map(|&i| ctx[i].view_src()).collect();
-    ids.extend(roots);
-    ids.sort();
-    ids.dedup();
-    let mut places = Vec::new();
-    let mut size = 0usize;
-    for &id in &ids {
-        if !ctx[id].is_view() {
-            let o = size.next_multiple_of(buft.alignment().max(1));
-            places.push((id, o));
-            size = o + buft.alloc_size(&ctx[id]);
-        }
-    }
-    let buf = buft.alloc_buffer(size).unwrap();
-    for (id, o) in places {
-        tensor_alloc(ctx, &buf, id, o).unwrap();
-    }
-    for &id in &ids {
-        if ctx[id].is_view() && !ctx[id].has_storage() {
-            view_init(ctx, id).unwrap();
-        }
-    }
     for (i, &(t, lo, hi)) in case.inputs.iter().enumerate() {
         let n = ctx[t].nelements() as usize;
         let vals = values(n, 1000 + i as u64, lo, hi);

@@ -36,6 +36,7 @@ mod values;
 
 pub use contract::check_contract;
 pub use ops::{
-    CaseOutcome, CaseResult, Mode, OpOptions, OpReport, check_ops, threshold as nmse_threshold,
+    CaseOutcome, CaseResult, Mode, OpOptions, OpReport, check_ops, place_graph,
+    threshold as nmse_threshold,
 };
 pub use report::{Check, Outcome, Report};

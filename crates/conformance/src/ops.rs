@@ -620,8 +620,22 @@ pub fn threshold(ctx: &Context, node: TensorId) -> f64 {
 }
 
 /// Place every tensor of `g` (leafs, nodes and view roots) in one buffer of `backend`'s
-/// default type; views get their roots' storage.
-fn alloc_all(ctx: &mut Context, g: &Graph, backend: &Backend) -> Result<Buffer, String> {
+/// default type, at offsets aligned to it, in id order; views get their roots' storage.
+/// Tests of backend crates that build graphs of their own use it to stage them.
+///
+/// ```
+/// use graph::{Context, ElementType, Graph};
+/// let backend = backend_cpu::init()?;
+/// let mut ctx = Context::new();
+/// let a = ctx.new_tensor_1d(ElementType::F32, 4)?;
+/// let t = ctx.scale(a, 2.0)?;
+/// let mut g = Graph::new(8);
+/// g.build_forward_expand(&mut ctx, t)?;
+/// let _buf = conformance::place_graph(&mut ctx, &g, &backend)?;
+/// assert!(ctx[a].has_storage() && ctx[t].has_storage());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn place_graph(ctx: &mut Context, g: &Graph, backend: &Backend) -> Result<Buffer, String> {
     let buft = backend.default_buffer_type();
     let a = buft.alignment().max(1);
     let mut ids: Vec<TensorId> = g.leafs().iter().chain(g.nodes()).copied().collect();
@@ -732,7 +746,7 @@ fn run_case(
         result.outcome = CaseOutcome::Unsupported;
         return;
     }
-    let _buf = match alloc_all(ctx, &g, reference) {
+    let _buf = match place_graph(ctx, &g, reference) {
         Ok(buf) => buf,
         Err(e) => {
             result.outcome = CaseOutcome::Failed(format!("allocating inputs: {e}"));

@@ -276,17 +276,7 @@ impl CpuCompute {
         opts: &ComputeOptions,
         resolver: &dyn MemoryResolver,
     ) -> Result<ComputeStatus, BackendError> {
-        let pool = self.pool.lock();
-        let mut scratch = self.scratch.lock();
-        run(
-            &pool,
-            opts.n_threads.max(1),
-            &mut scratch,
-            ctx,
-            graph.nodes,
-            opts.abort.as_deref(),
-            Some(resolver),
-        )
+        self.run_locked(ctx, graph, opts, Some(resolver))
     }
 
     /// [`CpuCompute::compute`] with explicit options (thread count capped by the pool size).
@@ -295,6 +285,18 @@ impl CpuCompute {
         ctx: &Context,
         graph: GraphView<'_>,
         opts: &ComputeOptions,
+    ) -> Result<ComputeStatus, BackendError> {
+        self.run_locked(ctx, graph, opts, None)
+    }
+
+    /// Run `graph` holding the pool and scratch, with memory found through `resolver` or,
+    /// without one, through host pointers.
+    fn run_locked(
+        &self,
+        ctx: &Context,
+        graph: GraphView<'_>,
+        opts: &ComputeOptions,
+        resolver: Option<&dyn MemoryResolver>,
     ) -> Result<ComputeStatus, BackendError> {
         let pool = self.pool.lock();
         let mut scratch = self.scratch.lock();
@@ -305,7 +307,7 @@ impl CpuCompute {
             ctx,
             graph.nodes,
             opts.abort.as_deref(),
-            None,
+            resolver,
         )
     }
 
