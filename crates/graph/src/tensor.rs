@@ -38,6 +38,14 @@ impl TensorId {
     pub const fn index(self) -> usize {
         self.index as usize
     }
+
+    /// The context generation this id was made in. Side tables keyed by
+    /// [`TensorId::index`] store it to tell a live tensor from one that reuses the slot
+    /// after a rewind.
+    #[inline]
+    pub const fn generation(self) -> u32 {
+        self.generation
+    }
 }
 
 impl fmt::Debug for TensorId {

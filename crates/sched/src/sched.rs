@@ -97,12 +97,12 @@ impl std::fmt::Display for Cause {
 
 const NO_COPIES: u32 = u32::MAX;
 
-/// Per-tensor state, valid when `epoch` matches the scheduler's and `id` is the tensor asked
-/// about (an index reused after a context rewind carries another generation).
+/// Per-tensor state, valid when `key` is `(epoch << 32) | generation` of the tensor asked
+/// about (an index reused after a context rewind carries another generation; epochs start at
+/// 1, so the empty key 0 never matches).
 #[derive(Copy, Clone, Debug, Default)]
 struct Slot {
-    epoch: u32,
-    id: Option<TensorId>,
+    key: u64,
     backend: i32,
     cause: Cause,
     /// Index of this tensor's block in the copy table, or `NO_COPIES`.
@@ -441,11 +441,15 @@ impl Scheduler {
 
     // ---- per-tensor table ----
 
+    #[inline]
+    fn key(&self, t: TensorId) -> u64 {
+        (u64::from(self.epoch) << 32) | u64::from(t.generation())
+    }
+
+    #[inline]
     fn slot(&self, t: TensorId) -> Option<&Slot> {
-        match self.slots.get(t.index()) {
-            Some(s) if s.epoch == self.epoch && s.id == Some(t) => Some(s),
-            _ => None,
-        }
+        let key = self.key(t);
+        self.slots.get(t.index()).filter(|s| s.key == key)
     }
 
     fn slot_mut(&mut self, t: TensorId) -> &mut Slot {
@@ -454,12 +458,11 @@ impl Scheduler {
             let want = (i + 1).max(self.slots.len() * 2);
             self.slots.resize(want, Slot::default());
         }
-        let epoch = self.epoch;
+        let key = self.key(t);
         let s = &mut self.slots[i];
-        if s.epoch != epoch || s.id != Some(t) {
+        if s.key != key {
             *s = Slot {
-                epoch,
-                id: Some(t),
+                key,
                 backend: -1,
                 cause: Cause::None,
                 copies: NO_COPIES,
