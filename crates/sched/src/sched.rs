@@ -791,10 +791,40 @@ impl Scheduler {
         self.graph_inputs.clear();
         self.is_reset = false;
 
+        let any_gpu = self.pass1(ctx, graph)?;
+        // pass 2: expand non-CPU backends down and up, then every backend down and up
+        let mut compute_nodes = std::mem::take(&mut self.scratch);
+        compute_nodes.clear();
+        for &n in graph.nodes() {
+            if !ctx.get(n)?.op().is_view_op() {
+                compute_nodes.push(n);
+            }
+        }
+        self.pass2(ctx, &compute_nodes, any_gpu);
+        let r = self.pass3(ctx, &compute_nodes);
+        self.scratch = compute_nodes;
+        r?;
+        self.pass4(ctx, graph)?;
+
+        // pass 5: splits and input copies
+        self.pass5(ctx, graph)?;
+
+        if self.debug > 0 {
+            let mut s = String::new();
+            self.write_layout(ctx, graph, self.debug, &mut s);
+            tracing::debug!(target: "sched", "{s}");
+        }
+
+        self.build_alloc_graph(ctx, graph)
+    }
+
+    /// Pass 1: pre-allocated tensors, inputs, ops on weights. Returns whether any node sits
+    /// on a backend other than the last one.
+    #[inline(never)]
+    fn pass1(&mut self, ctx: &Context, graph: &Graph) -> Result<bool> {
         let nodes = graph.nodes();
         let leafs = graph.leafs();
         let n_b = self.backends.len() as i32;
-
         // pass 1: pre-allocated tensors, inputs, ops on weights
         for &leaf in leafs {
             if self.bid(leaf) == -1 {
@@ -815,14 +845,13 @@ impl Scheduler {
             any_gpu |= b != -1 && b != n_b - 1;
         }
 
-        // pass 2: expand non-CPU backends down and up, then every backend down and up
-        let mut compute_nodes = std::mem::take(&mut self.scratch);
-        compute_nodes.clear();
-        for &n in nodes {
-            if !ctx.get(n)?.op().is_view_op() {
-                compute_nodes.push(n);
-            }
-        }
+        Ok(any_gpu)
+    }
+
+    /// Pass 2: expand non-CPU backends down and up, then every backend down and up.
+    #[inline(never)]
+    fn pass2(&mut self, ctx: &Context, compute_nodes: &[TensorId], any_gpu: bool) {
+        let n_b = self.backends.len() as i32;
         for only_gpu in [true, false] {
             if only_gpu && !any_gpu {
                 // every assigned node is on the last backend: these sweeps would set nothing
@@ -845,10 +874,15 @@ impl Scheduler {
                 }
             }
         }
+    }
 
+    /// Pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
+    /// nodes to a higher-priority backend with the same buffer type.
+    #[inline(never)]
+    fn pass3(&mut self, ctx: &Context, compute_nodes: &[TensorId]) -> Result<()> {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
-        for &node in &compute_nodes {
+        for &node in compute_nodes {
             let b = self.bid(node);
             if b == 0 {
                 // nothing to upgrade to
@@ -893,8 +927,14 @@ impl Scheduler {
                 }
             }
         }
-        self.scratch = compute_nodes;
 
+        Ok(())
+    }
+
+    /// Pass 4: sources and views without a backend follow their root or their consumer.
+    #[inline(never)]
+    fn pass4(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+        let nodes = graph.nodes();
         // pass 4: sources and views without a backend follow their root or their consumer
         for &node in nodes {
             let t = ctx.get(node)?;
@@ -928,16 +968,7 @@ impl Scheduler {
             }
         }
 
-        // pass 5: splits and input copies
-        self.pass5(ctx, graph)?;
-
-        if self.debug > 0 {
-            let mut s = String::new();
-            self.write_layout(ctx, graph, self.debug, &mut s);
-            tracing::debug!(target: "sched", "{s}");
-        }
-
-        self.build_alloc_graph(ctx, graph)
+        Ok(())
     }
 
     fn new_split(&mut self, i_split: usize, backend: usize, start: usize) {
