@@ -6,6 +6,10 @@
 //!
 //! ggml's reference on this graph: reset + alloc_graph ≈ 80 µs, split ≈ 53 µs, reserve ≈
 //! 120 µs. Run with `cargo bench -p sched --bench sched`.
+//!
+//! ggml measured in the same run on the same graph: `crates/sched/benches/ggml-sched-bench.sh`
+//! (ggml 0.25.3's scheduler, graph written by `cargo run --release -p sched --example
+//! llama-graph`); `SCHED_PERCALL=2000` prints our per-call mean / median / p10 in its format.
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -195,8 +199,49 @@ fn instr_mode() -> bool {
     true
 }
 
+/// `SCHED_PERCALL=<calls>[:<layers>[:<gpu layers>]]` times each op `calls` times outside
+/// criterion, every call alone, and prints mean, median and 10th percentile ns per call in the
+/// format of `benches/ggml-sched-bench.sh`'s driver, for a comparison with ggml's scheduler
+/// whose statistics survive a loaded machine (the median and p10 ignore preempted calls).
+fn percall_mode() -> bool {
+    let Ok(spec) = std::env::var("SCHED_PERCALL") else {
+        return false;
+    };
+    let mut it = spec.split(':');
+    let calls: usize = it
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+        .max(1);
+    let n_layer = it.next().and_then(|v| v.parse().ok()).unwrap_or(32);
+    let n_gpu = it.next().and_then(|v| v.parse().ok());
+    let mut s = Setup::new(n_layer, n_gpu);
+    let ops: [(&str, Op); 3] = [
+        ("reset+alloc_graph", Setup::alloc),
+        ("split", Setup::split),
+        ("reserve", Setup::reserve),
+    ];
+    let mut ns = vec![0f64; calls];
+    for (name, f) in ops {
+        for v in ns.iter_mut() {
+            s.fresh();
+            let start = Instant::now();
+            f(&mut s);
+            *v = start.elapsed().as_nanos() as f64;
+        }
+        let mean = ns.iter().sum::<f64>() / calls as f64;
+        ns.sort_by(f64::total_cmp);
+        println!(
+            "ours {name:<18}: mean {mean:8.0} ns  median {:8.0} ns  p10 {:8.0} ns  ({calls} calls)",
+            ns[calls / 2],
+            ns[calls / 10]
+        );
+    }
+    true
+}
+
 fn benches(c: &mut Criterion) {
-    if instr_mode() {
+    if instr_mode() || percall_mode() {
         return;
     }
     bench_case(c, "llama32/cpu", 32, None);
