@@ -112,6 +112,86 @@ struct Slot {
     copies_epoch: u32,
 }
 
+/// What one buffer tells the passes: its usage and which devices read its buffer type.
+#[derive(Copy, Clone, Debug, Default)]
+struct BufferFacts {
+    /// The buffer is one of ours (it has a buffer type); false for foreign storage.
+    ours: bool,
+    usage: Option<BufferUsage>,
+    /// Devices (bit = backend index) whose `supports_buft` accepts the buffer type.
+    devices: u16,
+    /// The buffer type is host memory.
+    host: bool,
+}
+
+/// Slots of the buffer memo (direct-mapped by buffer address; a collision only costs a
+/// fresh lookup).
+const MEMO_SLOTS: usize = 64;
+
+/// Per-split memo of [`BufferFacts`] by buffer: a graph's tensors live in a handful of
+/// buffers (weights, caches, per-layer buffers), and every pass asks about them, so the
+/// downcast to the buffer and the devices' `supports_buft` are paid once per buffer per
+/// split instead of once per tensor per question. Cleared at every split: usages can change
+/// and a freed buffer's address can be reused between splits; within one split the tensors
+/// hold their buffers alive.
+#[derive(Debug, Default)]
+struct BufferMemo {
+    entries: Vec<(usize, BufferFacts)>,
+}
+
+impl BufferMemo {
+    fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    fn devices_for(buft: &BufferType, devices: &[Device]) -> u16 {
+        let mut mask = 0u16;
+        for (i, d) in devices.iter().enumerate() {
+            if d.supports_buft(buft) {
+                mask |= 1 << i;
+            }
+        }
+        mask
+    }
+
+    #[inline(always)]
+    fn facts(&mut self, st: &graph::TensorStorage, devices: &[Device]) -> BufferFacts {
+        let key = std::sync::Arc::as_ptr(&st.buffer).cast::<()>() as usize;
+        let k = (key >> 6 ^ key >> 12) % MEMO_SLOTS;
+        if let Some(&(ek, ef)) = self.entries.get(k)
+            && ek == key
+        {
+            return ef;
+        }
+        self.miss(st, devices, key, k)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn miss(
+        &mut self,
+        st: &graph::TensorStorage,
+        devices: &[Device],
+        key: usize,
+        k: usize,
+    ) -> BufferFacts {
+        if self.entries.is_empty() {
+            self.entries.resize(MEMO_SLOTS, (0, BufferFacts::default()));
+        }
+        let facts = match storage_buffer_type(st) {
+            Some(buft) => BufferFacts {
+                ours: true,
+                usage: storage_usage(st),
+                devices: Self::devices_for(buft, devices),
+                host: buft.is_host(),
+            },
+            None => BufferFacts::default(),
+        };
+        self.entries[k] = (key, facts);
+        facts
+    }
+}
+
 /// One split: a run of user-graph nodes computed on one backend, and the tensors copied in
 /// from other backends before it runs.
 #[derive(Clone, Debug, Default)]
@@ -205,6 +285,11 @@ pub struct Scheduler {
     epoch: u32,
     copy_epoch: u32,
     slots: Vec<Slot>,
+    /// Per split: what each buffer seen says (usage, buffer type's device support).
+    buffer_memo: BufferMemo,
+    /// Devices (bit = backend index) whose `supports_buft` accepts backend `i`'s compute
+    /// buffer type; asked once at creation.
+    backend_buft_devices: Vec<u16>,
     copy_table: Vec<Option<TensorId>>,
 
     node_ids: Vec<i32>,
@@ -311,6 +396,10 @@ impl Scheduler {
             .and_then(|v| v.trim().parse::<u32>().ok())
             .unwrap_or(0);
         let galloc = GraphAllocator::new(&bufts);
+        let backend_buft_devices = bufts
+            .iter()
+            .map(|buft| BufferMemo::devices_for(buft, &devices))
+            .collect();
         let mut s = Scheduler {
             backends,
             devices,
@@ -328,6 +417,8 @@ impl Scheduler {
             epoch: 0,
             copy_epoch: 1,
             slots: Vec::with_capacity(graph_size),
+            buffer_memo: BufferMemo::default(),
+            backend_buft_devices,
             copy_table: Vec::new(),
             node_ids: Vec::new(),
             leaf_ids: Vec::new(),
@@ -591,56 +682,58 @@ impl Scheduler {
         }
     }
 
-    /// `ggml_backend_sched_backend_from_buffer`.
-    fn backend_from_buffer(&self, ctx: &Context, t: &Tensor, op: TensorId) -> i32 {
-        let Some(st) = Self::root_storage(ctx, t) else {
-            return -1;
-        };
-        self.backend_from_buft(ctx, storage_buffer_type(st), t, op)
+    /// What the buffer behind `st` tells the passes, from the per-split memo.
+    #[inline]
+    fn buffer_facts(&mut self, st: &graph::TensorStorage) -> BufferFacts {
+        self.buffer_memo.facts(st, &self.devices)
     }
 
-    /// [`Scheduler::backend_from_buffer`] for a buffer type the caller already looked up
+    /// `ggml_backend_sched_backend_from_buffer` for a buffer the caller already looked up
     /// (`t` only names the tensor in the log).
-    fn backend_from_buft(
+    fn backend_from_facts(
         &self,
         ctx: &Context,
-        buft: Option<&BufferType>,
+        facts: BufferFacts,
+        st: &graph::TensorStorage,
         t: &Tensor,
         op: TensorId,
     ) -> i32 {
-        let Some(buft) = buft else {
+        if !facts.ours {
             return -1;
-        };
+        }
         for (i, d) in self.devices.iter().enumerate() {
-            if d.supports_buft(buft) && d.supports_op(ctx, op) {
+            if facts.devices & (1 << i) != 0 && d.supports_op(ctx, op) {
                 return i as i32;
             }
         }
         tracing::debug!(
             tensor = t.name(),
-            buffer = buft.name(),
+            buffer = storage_buffer_type(st).map_or("?", BufferType::name),
             "no backend supports the op with a weight in this buffer type; it will be copied"
         );
         -1
     }
 
     /// `ggml_backend_sched_backend_id_from_cur`.
-    fn backend_id_from_cur(&self, ctx: &Context, id: TensorId) -> Result<(i32, Cause)> {
+    fn backend_id_from_cur(&mut self, ctx: &Context, id: TensorId) -> Result<(i32, Cause)> {
         let t = ctx.get(id)?;
         let root = Self::root_storage(ctx, t);
-        let b = match root {
-            Some(st) => self.backend_from_buft(ctx, storage_buffer_type(st), t, id),
-            None => -1,
-        };
-        if b != -1 {
-            return Ok((b, Cause::Dst));
+        if let Some(st) = root {
+            let facts = self.buffer_facts(st);
+            let b = self.backend_from_facts(ctx, facts, st, t, id);
+            if b != -1 {
+                return Ok((b, Cause::Dst));
+            }
         }
         if let Some(vs) = t.view_src() {
             let vt = ctx.get(vs)?;
             // A root that is no view itself decides through the storage just asked about,
             // with the same op: the answer is the same -1, so it is not asked again.
-            if vt.view_src().is_some() {
-                let b = self.backend_from_buffer(ctx, vt, id);
+            if vt.view_src().is_some()
+                && let Some(vst) = Self::root_storage(ctx, vt)
+            {
+                let facts = self.buffer_facts(vst);
+                let b = self.backend_from_facts(ctx, facts, vst, vt, id);
                 if b != -1 {
                     return Ok((b, Cause::ViewSrc));
                 }
@@ -657,23 +750,24 @@ impl Scheduler {
         if t.flags().contains(TensorFlags::INPUT) {
             return Ok((self.backends.len() as i32 - 1, Cause::Input));
         }
+        if t.op() == Op::Rope {
+            // ROPE does not follow its weights: the seed skips every source of a ROPE
+            return Ok((-1, Cause::None));
+        }
         let last = self.backends.len() as i32 - 1;
         for (i, s) in t.srcs_used().iter().enumerate() {
             let Some(s) = *s else { continue };
-            if t.op() == Op::Rope {
-                continue;
-            }
             let src = ctx.get(s)?;
             let Some(st) = Self::own_storage(src) else {
                 continue;
             };
-            if storage_usage(st) != Some(BufferUsage::Weights) {
+            let facts = self.buffer_facts(st);
+            if facts.usage != Some(BufferUsage::Weights) {
                 continue;
             }
             // `src` is no view (it has its own storage), so its buffer decides
-            let buft = storage_buffer_type(st);
-            let sb = self.backend_from_buft(ctx, buft, src, id);
-            if sb == last && buft.is_some_and(BufferType::is_host) {
+            let sb = self.backend_from_facts(ctx, facts, st, src, id);
+            if sb == last && facts.host {
                 for b in 0..sb as usize {
                     if self.devices[b].supports_op(ctx, id) && self.devices[b].offload_op(ctx, id) {
                         return Ok((b as i32, Cause::Offload));
@@ -686,23 +780,22 @@ impl Scheduler {
     }
 
     /// `ggml_backend_sched_buffer_supported`.
-    fn buffer_supported(&self, ctx: &Context, t: TensorId, b: usize) -> bool {
+    fn buffer_supported(&mut self, ctx: &Context, t: TensorId, b: usize) -> bool {
         let Ok(tt) = ctx.get(t) else { return false };
-        let buft = match Self::root_storage(ctx, tt) {
-            Some(st) => storage_buffer_type(st),
+        let devices = match Self::root_storage(ctx, tt) {
+            Some(st) => self.buffer_facts(st).devices,
             None => {
                 let mut id = self.bid(t);
                 if id == -1 {
                     id = self.bid_opt(tt.view_src());
                 }
-                if id != -1 {
-                    Some(&self.bufts[id as usize])
-                } else {
-                    None
+                if id == -1 {
+                    return false;
                 }
+                self.backend_buft_devices[id as usize]
             }
         };
-        buft.is_some_and(|bt| self.devices[b].supports_buft(bt))
+        devices & (1 << b) != 0
     }
 
     fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: i32) {
@@ -714,7 +807,6 @@ impl Scheduler {
     fn is_view_op(ctx: &Context, id: TensorId) -> bool {
         ctx.get(id).is_ok_and(|t| t.op().is_view_op())
     }
-
     // ---- rewrites of the caller's graph ----
 
     fn apply_rewrites(&mut self, ctx: &mut Context) {
@@ -790,6 +882,8 @@ impl Scheduler {
         self.n_splits = 0;
         self.graph_inputs.clear();
         self.is_reset = false;
+        // usages may have changed and buffers come and gone since the last split
+        self.buffer_memo.clear();
 
         let any_gpu = self.pass1(ctx, graph)?;
         // pass 2: expand non-CPU backends down and up, then every backend down and up
@@ -915,10 +1009,13 @@ impl Scheduler {
                     if self.bufts[cand] == self.bufts[b as usize]
                         && self.devices[cand].supports_op(ctx, node)
                     {
-                        let ok = srcs
-                            .iter()
-                            .flatten()
-                            .all(|s| self.buffer_supported(ctx, *s, cand));
+                        let mut ok = true;
+                        for s in srcs.iter().flatten() {
+                            if !self.buffer_supported(ctx, *s, cand) {
+                                ok = false;
+                                break;
+                            }
+                        }
                         if ok {
                             self.set_bid(node, cand as i32, Cause::Upgrade);
                             break;
@@ -1057,7 +1154,7 @@ impl Scheduler {
                 for s in srcs.iter().flatten() {
                     let st = ctx.get(*s)?;
                     if let Some(sst) = Self::own_storage(st)
-                        && storage_usage(sst) == Some(BufferUsage::Weights)
+                        && self.buffer_facts(sst).usage == Some(BufferUsage::Weights)
                     {
                         let sb = self.bid(*s);
                         if sb != cur && !self.buffer_supported(ctx, *s, cur as usize) {
