@@ -1106,6 +1106,7 @@ impl Scheduler {
         Ok(copy)
     }
 
+    #[inline(never)]
     fn pass5(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
         let nodes = graph.nodes();
         let mut i_split = 0usize;
@@ -1245,6 +1246,7 @@ impl Scheduler {
         Ok(())
     }
 
+    #[inline(never)]
     fn build_alloc_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
         std::mem::swap(&mut self.node_ids, &mut self.prev_node_ids);
         std::mem::swap(&mut self.leaf_ids, &mut self.prev_leaf_ids);
