@@ -302,3 +302,35 @@ fn graphs_beyond_the_reference_capacity_grow_unless_limits_are_on() {
         })
     ));
 }
+
+#[test]
+fn a_buffer_usage_changed_between_splits_changes_the_plan() {
+    // Buffer facts are memoised per split; a usage changed between two splits must be seen.
+    let file = LlamaConfig::tiny(2).offload("GPU0", 3).graph_file("u");
+    let mut b = file.build().unwrap();
+    let mut s = b.scheduler().unwrap();
+    let node = b.names["Qcur.0"];
+    let unplaced: Vec<TensorId> = (b.graph.nodes().iter().chain(b.graph.leafs()))
+        .copied()
+        .filter(|&t| b.ctx[t].storage().is_none())
+        .collect();
+    let mut plan = |b: &mut sched::fixture::Built, s: &mut Scheduler| {
+        for &t in &unplaced {
+            b.ctx[t].set_storage(None);
+        }
+        s.reset();
+        s.alloc_graph(&mut b.ctx, &b.graph).unwrap();
+        s.tensor_cause(node)
+    };
+
+    assert_eq!(plan(&mut b, &mut s), sched::Cause::Weight(0));
+    for buf in &b.buffers {
+        buf.set_usage(backend_core::BufferUsage::Any);
+    }
+    let c = plan(&mut b, &mut s);
+    assert!(!matches!(c, sched::Cause::Weight(_)), "{c:?}");
+    for buf in &b.buffers {
+        buf.set_usage(backend_core::BufferUsage::Weights);
+    }
+    assert_eq!(plan(&mut b, &mut s), sched::Cause::Weight(0));
+}
