@@ -314,7 +314,7 @@ fn a_buffer_usage_changed_between_splits_changes_the_plan() {
         .copied()
         .filter(|&t| b.ctx[t].storage().is_none())
         .collect();
-    let mut plan = |b: &mut sched::fixture::Built, s: &mut Scheduler| {
+    let plan = |b: &mut sched::fixture::Built, s: &mut Scheduler| {
         for &t in &unplaced {
             b.ctx[t].set_storage(None);
         }
