@@ -688,8 +688,10 @@ impl Scheduler {
         self.buffer_memo.facts(st, &self.devices)
     }
 
-    /// `ggml_backend_sched_backend_from_buffer` for a buffer the caller already looked up
-    /// (`t` only names the tensor in the log).
+    /// `ggml_backend_sched_backend_from_buffer` for a buffer the caller already looked up:
+    /// the first backend whose device reads the buffer type and runs `op` (`t` only names
+    /// the tensor in the log).
+    #[inline(always)]
     fn backend_from_facts(
         &self,
         ctx: &Context,
@@ -698,20 +700,28 @@ impl Scheduler {
         t: &Tensor,
         op: TensorId,
     ) -> i32 {
-        if !facts.ours {
-            return -1;
-        }
-        for (i, d) in self.devices.iter().enumerate() {
-            if facts.devices & (1 << i) != 0 && d.supports_op(ctx, op) {
+        let mut m = if facts.ours { facts.devices } else { 0 };
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            if self.devices[i].supports_op(ctx, op) {
                 return i as i32;
             }
+            m &= m - 1;
         }
+        if facts.ours {
+            Self::log_no_backend(st, t);
+        }
+        -1
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn log_no_backend(st: &graph::TensorStorage, t: &Tensor) {
         tracing::debug!(
             tensor = t.name(),
             buffer = storage_buffer_type(st).map_or("?", BufferType::name),
             "no backend supports the op with a weight in this buffer type; it will be copied"
         );
-        -1
     }
 
     /// `ggml_backend_sched_backend_id_from_cur`.
