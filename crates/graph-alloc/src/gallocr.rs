@@ -479,7 +479,7 @@ impl GraphAllocator {
     /// from the planner, so it is aligned, and `offset + size_max` lies within the buffer
     /// (asserted cheaply below). So the tensor is placed directly: one reference count
     /// increment and the buffer's `init_tensor` hook, undone if the hook fails.
-    #[inline]
+    #[inline(always)]
     fn place(
         buffers: &[Option<Buffer>],
         ctx: &mut Context,
@@ -524,6 +524,7 @@ impl GraphAllocator {
     /// root without storage was placed by someone else (or not at all): the view is left
     /// alone, as the reference does. For a root in one of our buffers the buffer's hook is
     /// reached through our handle; otherwise the checked helper finds it.
+    #[inline(never)]
     fn place_view(
         buffers: &[Option<Buffer>],
         ctx: &mut Context,
