@@ -785,6 +785,9 @@ impl GraphAllocator {
         Ok(())
     }
 
+    /// Give `id` memory unless it has some (or storage, or is a view). Most calls find it
+    /// placed already, so that test is inlined into the phases and the work is not.
+    #[inline(always)]
     fn allocate_node(
         &mut self,
         ctx: &Context,
@@ -797,12 +800,25 @@ impl GraphAllocator {
             return Ok(());
         }
         rec.allocated = true;
+        self.allocate_new(ctx, id, t, buffer_id)
+    }
 
+    #[inline(never)]
+    fn allocate_new(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+        buffer_id: usize,
+    ) -> Result<(), AllocError> {
         if t.op().can_inplace() {
             for p in t.srcs_used().iter().flatten().copied() {
                 let pt = ctx.get(p)?;
-                let pr = *self.records.get(p);
-                if !pr.allocated || pr.output_view || pt.flags().contains(TensorFlags::OUTPUT) {
+                let pr = self.records.get(p);
+                let (allocated, output_view, n_children, n_views) =
+                    (pr.allocated, pr.output_view, pr.n_children, pr.n_views);
+                let (pr_bid, pr_offset) = (pr.buffer_id, pr.offset);
+                if !allocated || output_view || pt.flags().contains(TensorFlags::OUTPUT) {
                     continue;
                 }
                 // A view is never "own" (views are never given memory), so the reference's
@@ -812,13 +828,14 @@ impl GraphAllocator {
                 {
                     continue;
                 }
-                if !pt.same_layout(t) || pr.n_children != 1 || pr.n_views != 0 {
+                // (the counts first: they are cheaper than the layout and have no effects)
+                if n_children != 1 || n_views != 0 || !pt.same_layout(t) {
                     continue;
                 }
                 debug_assert!(!pt.is_view(), "views are never allocated");
                 let r = self.records.get(id);
-                r.buffer_id = pr.buffer_id;
-                r.offset = pr.offset;
+                r.buffer_id = pr_bid;
+                r.offset = pr_offset;
                 self.records.get(p).allocated = false;
                 return Ok(());
             }
