@@ -164,6 +164,18 @@ impl Records {
     }
 }
 
+/// What the plan check learns for placement, per position: whether the tensor there is sure
+/// to have storage once placement has passed it ([`GraphAllocator::settles`]), and per node
+/// which source slots placement must still look at (the others hold a tensor settled at a
+/// position placement visits first). Sized with the plan.
+#[derive(Debug, Default)]
+struct Settled {
+    leaf: Vec<bool>,
+    node: Vec<bool>,
+    /// Per node, a bit per source slot placement must look at.
+    scan: Vec<u16>,
+}
+
 /// The graph allocator (`ggml_gallocr`): one buffer per buffer id, planned per graph.
 ///
 /// Buffer ids are positions in the list of buffer types given to [`GraphAllocator::new`];
@@ -212,6 +224,8 @@ pub struct GraphAllocator {
     leaf_slots: Vec<Slot>,
     /// Slots of source edges whose tensor sits at no earlier position ([`EXTRA`]).
     extra_slots: Vec<Slot>,
+    /// What the last plan check learnt for placement (see [`Settled`]).
+    settled: Settled,
     n_nodes: usize,
     n_leafs: usize,
     /// Whether a complete plan with its buffers exists.
@@ -254,6 +268,7 @@ impl GraphAllocator {
             node_plans: Vec::new(),
             leaf_slots: Vec::new(),
             extra_slots: Vec::new(),
+            settled: Settled::default(),
             n_nodes: 0,
             n_leafs: 0,
             planned: false,
@@ -330,13 +345,17 @@ impl GraphAllocator {
         let (nodes, leafs) = (graph.nodes(), graph.leafs());
         // The quick check answers "fits" only when the full check would; anything else (a
         // misfit, a stale id) is decided by the full check, in its order.
-        if !self.plan_fits_quick(ctx, nodes, leafs) && !self.plan_fits(ctx, nodes, leafs)? {
-            if self.bufts.len() != 1 {
-                tracing::debug!("cannot re-plan a graph over several buffers; call reserve_n");
-                return Err(AllocError::NeedsReserve);
+        if !self.plan_fits_quick(ctx, nodes, leafs) {
+            if !self.plan_fits(ctx, nodes, leafs)? {
+                if self.bufts.len() != 1 {
+                    tracing::debug!("cannot re-plan a graph over several buffers; call reserve_n");
+                    return Err(AllocError::NeedsReserve);
+                }
+                tracing::debug!("graph does not fit the plan; re-planning");
+                self.reserve_impl(ctx, nodes, leafs, None, None)?;
             }
-            tracing::debug!("graph does not fit the plan; re-planning");
-            self.reserve_impl(ctx, nodes, leafs, None, None)?;
+            // placement learns nothing from the quick check here: it looks at every source
+            self.settled.scan.iter_mut().for_each(|m| *m = u16::MAX);
         }
         for b in self.buffers.iter().flatten() {
             b.reset();
@@ -347,16 +366,20 @@ impl GraphAllocator {
         for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
             Self::place(buffers, ctx, leaf, slot)?;
         }
-        for (&node, np) in nodes.iter().zip(&self.node_plans) {
-            // A source is nearly always placed already (a leaf, a weight, an earlier node), so
-            // the sources are first only looked at; the rest are placed one by one below.
-            let t = ctx.get(node)?;
+        for ((&node, np), &scan) in nodes.iter().zip(&self.node_plans).zip(&self.settled.scan) {
+            // A source is nearly always placed already (a leaf, a weight, an earlier node):
+            // the check marked the sources settled at an earlier position, the others are
+            // looked at, and those without storage are placed one by one below.
             let mut todo = 0u16;
-            for (k, s) in t.srcs_used().iter().enumerate() {
-                if let Some(s) = *s
-                    && !ctx.get(s)?.has_storage()
-                {
-                    todo |= 1 << k;
+            if scan != 0 {
+                let t = ctx.get(node)?;
+                for (k, s) in t.srcs_used().iter().enumerate() {
+                    if scan & (1 << k) != 0
+                        && let Some(s) = *s
+                        && !ctx.get(s)?.has_storage()
+                    {
+                        todo |= 1 << k;
+                    }
                 }
             }
             while todo != 0 {
@@ -402,44 +425,87 @@ impl GraphAllocator {
     /// `true` only if [`GraphAllocator::plan_fits`] would answer `Ok(true)`. A source edge
     /// whose id is the one at the position the plan took its slot from needs no check of its
     /// own: that position's check covers the same tensor against the same slot.
-    fn plan_fits_quick(&self, ctx: &Context, nodes: &[TensorId], leafs: &[TensorId]) -> bool {
+    ///
+    /// On `true` it has also filled [`GraphAllocator::settled`] for the placement that follows.
+    fn plan_fits_quick(&mut self, ctx: &Context, nodes: &[TensorId], leafs: &[TensorId]) -> bool {
         if !self.planned || nodes.len() != self.n_nodes || leafs.len() != self.n_leafs {
             return false;
         }
-        for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
+        // (taken out and put back, so that `self` can be read meanwhile; no allocation)
+        let mut st = std::mem::take(&mut self.settled);
+        let fits = self.check_quick(ctx, nodes, leafs, &mut st);
+        self.settled = st;
+        fits
+    }
+
+    fn check_quick(
+        &self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        leafs: &[TensorId],
+        st: &mut Settled,
+    ) -> bool {
+        let (st_leaf, st_node, st_scan) = (&mut st.leaf[..], &mut st.node[..], &mut st.scan[..]);
+        for ((&leaf, slot), settled) in leafs.iter().zip(&self.leaf_slots).zip(&mut *st_leaf) {
             match ctx.get(leaf) {
-                Ok(t) if self.slot_fits(t, slot) => {}
+                Ok(t) if self.slot_fits(t, slot) => *settled = Self::settles(ctx, t),
                 _ => return false,
             }
         }
-        for (&node, np) in nodes.iter().zip(&self.node_plans) {
+        let st_leaf = &*st_leaf;
+        for (i, (&node, np)) in nodes.iter().zip(&self.node_plans).enumerate() {
             let Ok(t) = ctx.get(node) else {
                 return false;
             };
             if !self.slot_fits(t, &np.dst) {
                 return false;
             }
-            for (s, &e) in t.srcs_used().iter().zip(&np.edges) {
+            let mut scan = 0u16;
+            for (k, (s, &e)) in t.srcs_used().iter().zip(&np.edges).enumerate() {
                 let Some(s) = *s else {
                     continue;
                 };
-                let covered = if e < EXTRA {
-                    nodes.get(e as usize) == Some(&s)
+                // covered: the id at the edge's position is this source (checked there);
+                // settled: and placement will have given it storage by the time it is here
+                let (covered, settled) = if e < EXTRA {
+                    let j = e as usize;
+                    let c = nodes.get(j) == Some(&s);
+                    (c, c && j < i && st_node.get(j).is_some_and(|&v| v))
                 } else if e & (LEAF | EXTRA) == LEAF {
-                    leafs.get((e & !LEAF) as usize) == Some(&s)
+                    let j = (e & !LEAF) as usize;
+                    let c = leafs.get(j) == Some(&s);
+                    (c, c && st_leaf.get(j).is_some_and(|&v| v))
                 } else {
-                    false
+                    (false, false)
                 };
+                if !settled {
+                    scan |= 1 << k;
+                }
                 if covered {
                     continue;
                 }
                 match ctx.get(s) {
-                    Ok(st) if self.slot_fits(st, &self.edge_slot(e)) => {}
+                    Ok(ts) if self.slot_fits(ts, &self.edge_slot(e)) => {}
                     _ => return false,
                 }
             }
+            if let (Some(v), Some(m)) = (st_node.get_mut(i), st_scan.get_mut(i)) {
+                *v = Self::settles(ctx, t);
+                *m = scan;
+            }
         }
         true
+    }
+
+    /// Whether `t` is sure to have storage once placement has visited its position (or has
+    /// failed): it has storage, or it is not a view (it is placed), or it is a view whose
+    /// root has storage already (it gets its root's).
+    #[inline]
+    fn settles(ctx: &Context, t: &Tensor) -> bool {
+        match t.view_src() {
+            None => true,
+            Some(root) => t.has_storage() || ctx.get(root).is_ok_and(Tensor::has_storage),
+        }
     }
 
     /// Whether the recorded plan fits the graph: the full check, every position and edge in
@@ -658,6 +724,14 @@ impl GraphAllocator {
             self.leaf_slots.resize(leafs.len(), Slot::NONE);
         }
         self.extra_slots.clear();
+        let st = &mut self.settled;
+        if st.node.len() < nodes.len() {
+            st.node.resize(nodes.len(), false);
+            st.scan.resize(nodes.len(), u16::MAX);
+        }
+        if st.leaf.len() < leafs.len() {
+            st.leaf.resize(leafs.len(), false);
+        }
         let (records, bufts) = (&mut self.records, &self.bufts[..]);
         for (j, (&leaf, ls)) in leafs.iter().zip(&mut self.leaf_slots).enumerate() {
             let t = ctx.get(leaf)?;
