@@ -4,6 +4,11 @@
 //! prints the compute buffer size against the live-bytes lower bound.
 //!
 //! Run: `cargo bench -p graph-alloc --bench graph_alloc`
+//!
+//! Instruction counts (repeatable where wall time is not): build with `--no-run`, then
+//! `GALLOC_INSTR=alloc:32 valgrind --tool=callgrind --collect-atstart=no
+//! --toggle-collect='*measured_call*' target/release/deps/graph_alloc-<hash> --bench`
+//! (or `reserve:32`, or another layer count); the total divided by 100 is the count per call.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -19,7 +19,7 @@
 //!   corruption.
 
 use backend_core::{Buffer, BufferType, BufferUsage, tensor_alloc, view_init};
-use graph::{Context, Graph, MAX_SRC, Op, TensorFlags, TensorId};
+use graph::{Context, Graph, MAX_SRC, Op, Tensor, TensorFlags, TensorId, TensorStorage};
 
 use crate::dyn_alloc::DynAllocator;
 use crate::error::AllocError;
@@ -41,24 +41,46 @@ impl Slot {
     };
 }
 
-/// The recorded plan of one node position: the node and each source slot.
+/// Where the slot of one source edge of the plan is recorded, packed in a `u32`:
+///
+/// * a node position `j` (the source was the tensor at node `j` when planned, so its slot is
+///   node `j`'s),
+/// * [`LEAF`] | `j`: the tensor at leaf position `j`,
+/// * [`EXTRA`] | `e`: entry `e` of the plan's extra slots (a source at no earlier position),
+/// * [`EMPTY`]: no source in this slot when planned ([`Slot::NONE`]).
+///
+/// Why: a source is almost always a leaf or an earlier node, so the check of a later graph
+/// only has to see that the same id sits at that position (its fit is checked there) instead
+/// of looking the source up again; and a node's plan shrinks from 11 slots (264 bytes) to
+/// one slot and ten `u32`s (64 bytes).
+type EdgeRef = u32;
+const EMPTY: EdgeRef = u32::MAX;
+const LEAF: EdgeRef = 1 << 31;
+const EXTRA: EdgeRef = 1 << 30;
+/// Positions and extra indices must stay below this to be encoded.
+const POS_LIMIT: usize = 1 << 30;
+
+/// The recorded plan of one node position: the node's slot and where each source's is.
 #[derive(Copy, Clone, Debug)]
-struct NodeSlots {
+struct NodePlan {
     dst: Slot,
-    src: [Slot; MAX_SRC],
+    edges: [EdgeRef; MAX_SRC],
 }
 
-impl Default for NodeSlots {
+impl Default for NodePlan {
     fn default() -> Self {
-        NodeSlots {
+        NodePlan {
             dst: Slot::NONE,
-            src: [Slot::NONE; MAX_SRC],
+            edges: [EMPTY; MAX_SRC],
         }
     }
 }
 
+/// No buffer id (for [`Record::size_bid`]).
+const NO_BID: u32 = u32::MAX;
+
 /// Planning state of one tensor (ggml's `hash_node`), valid when `epoch` is the current pass.
-#[derive(Copy, Clone, Debug, Default)]
+#[derive(Copy, Clone, Debug)]
 struct Record {
     epoch: u32,
     /// Consumer edges still to run (a node using the tensor twice counts twice).
@@ -66,11 +88,47 @@ struct Record {
     /// View nodes of this tensor whose consumers have not all run.
     n_views: i32,
     buffer_id: u32,
+    /// The buffer id `size` was computed for ([`NO_BID`]: not yet).
+    size_bid: u32,
+    /// First position of the tensor in the graph whose plan is being recorded.
+    pos: EdgeRef,
     offset: usize,
+    /// `bufts[size_bid].alloc_size(tensor)`: asked once per pass, not at allocation, free
+    /// and recording each.
+    size: usize,
     /// This pass owns live memory for the tensor.
     allocated: bool,
     /// Some view of this tensor is flagged OUTPUT (our fix: protect the root).
     output_view: bool,
+}
+
+impl Default for Record {
+    fn default() -> Self {
+        Record {
+            epoch: 0,
+            n_children: 0,
+            n_views: 0,
+            buffer_id: 0,
+            size_bid: NO_BID,
+            pos: EMPTY,
+            offset: 0,
+            size: 0,
+            allocated: false,
+            output_view: false,
+        }
+    }
+}
+
+impl Record {
+    /// `bufts[bid].alloc_size(t)`, computed once per tensor and buffer id per pass.
+    #[inline]
+    fn size_for(&mut self, bufts: &[BufferType], t: &Tensor, bid: u32) -> usize {
+        if self.size_bid != bid {
+            self.size = bufts[bid as usize].alloc_size(t);
+            self.size_bid = bid;
+        }
+        self.size
+    }
 }
 
 /// Per-tensor records indexed by `TensorId::index`, reset in O(1) by bumping the epoch.
@@ -92,6 +150,7 @@ impl Records {
         }
     }
 
+    #[inline]
     fn get(&mut self, id: TensorId) -> &mut Record {
         let epoch = self.epoch;
         let r = &mut self.table[id.index()];
@@ -103,6 +162,18 @@ impl Records {
         }
         r
     }
+}
+
+/// What the plan check learns for placement, per position: whether the tensor there is sure
+/// to have storage once placement has passed it ([`GraphAllocator::settles`]), and per node
+/// which source slots placement must still look at (the others hold a tensor settled at a
+/// position placement visits first). Sized with the plan.
+#[derive(Debug, Default)]
+struct Settled {
+    leaf: Vec<bool>,
+    node: Vec<bool>,
+    /// Per node, a bit per source slot placement must look at.
+    scan: Vec<u16>,
 }
 
 /// The graph allocator (`ggml_gallocr`): one buffer per buffer id, planned per graph.
@@ -149,8 +220,12 @@ pub struct GraphAllocator {
     planners: Vec<DynAllocator>,
     buffers: Vec<Option<Buffer>>,
     records: Records,
-    node_slots: Vec<NodeSlots>,
+    node_plans: Vec<NodePlan>,
     leaf_slots: Vec<Slot>,
+    /// Slots of source edges whose tensor sits at no earlier position ([`EXTRA`]).
+    extra_slots: Vec<Slot>,
+    /// What the last plan check learnt for placement (see [`Settled`]).
+    settled: Settled,
     n_nodes: usize,
     n_leafs: usize,
     /// Whether a complete plan with its buffers exists.
@@ -190,8 +265,10 @@ impl GraphAllocator {
             planners,
             buffers: vec![None; bufts.len()],
             records: Records::default(),
-            node_slots: Vec::new(),
+            node_plans: Vec::new(),
             leaf_slots: Vec::new(),
+            extra_slots: Vec::new(),
+            settled: Settled::default(),
             n_nodes: 0,
             n_leafs: 0,
             planned: false,
@@ -266,38 +343,77 @@ impl GraphAllocator {
     /// their root's storage.
     pub fn alloc_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<(), AllocError> {
         let (nodes, leafs) = (graph.nodes(), graph.leafs());
-        if !self.plan_fits(ctx, nodes, leafs)? {
-            if self.bufts.len() != 1 {
-                tracing::debug!("cannot re-plan a graph over several buffers; call reserve_n");
-                return Err(AllocError::NeedsReserve);
+        // The quick check answers "fits" only when the full check would; anything else (a
+        // misfit, a stale id) is decided by the full check, in its order.
+        if !self.plan_fits_quick(ctx, nodes, leafs) {
+            if !self.plan_fits(ctx, nodes, leafs)? {
+                if self.bufts.len() != 1 {
+                    tracing::debug!("cannot re-plan a graph over several buffers; call reserve_n");
+                    return Err(AllocError::NeedsReserve);
+                }
+                tracing::debug!("graph does not fit the plan; re-planning");
+                self.reserve_impl(ctx, nodes, leafs, None, None)?;
             }
-            tracing::debug!("graph does not fit the plan; re-planning");
-            self.reserve_impl(ctx, nodes, leafs, None, None)?;
+            // placement learns nothing from the quick check here: it looks at every source
+            self.settled.scan.iter_mut().for_each(|m| *m = u16::MAX);
         }
         for b in self.buffers.iter().flatten() {
             b.reset();
         }
-        // Placement walks the same positions the check just validated; the slots are read in
-        // place (a node's slot record is 11 slots, too big to copy per node).
+        // Placement walks the same positions the check just validated, in the reference's
+        // order: leafs, then each node's sources and the node.
+        let buffers = &self.buffers[..];
         for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
-            Self::init_tensor(&self.buffers, ctx, leaf, slot)?;
+            Self::place(buffers, ctx, leaf, slot)?;
         }
-        for (&node, slots) in nodes.iter().zip(&self.node_slots) {
-            let t = ctx.get(node)?;
-            let (srcs, n_src) = (*t.srcs(), t.srcs_used().len());
-            for (s, slot) in srcs[..n_src].iter().zip(&slots.src) {
-                if let Some(s) = *s {
-                    Self::init_tensor(&self.buffers, ctx, s, slot)?;
+        for ((&node, np), &scan) in nodes.iter().zip(&self.node_plans).zip(&self.settled.scan) {
+            // A source is nearly always placed already (a leaf, a weight, an earlier node):
+            // the check marked the sources settled at an earlier position, the others are
+            // looked at, and those without storage are placed one by one below.
+            let mut todo = 0u16;
+            if scan != 0 {
+                let t = ctx.get(node)?;
+                for (k, s) in t.srcs_used().iter().enumerate() {
+                    if scan & (1 << k) != 0
+                        && let Some(s) = *s
+                        && !ctx.get(s)?.has_storage()
+                    {
+                        todo |= 1 << k;
+                    }
                 }
             }
-            Self::init_tensor(&self.buffers, ctx, node, &slots.dst)?;
+            while todo != 0 {
+                let k = todo.trailing_zeros() as usize;
+                todo &= todo - 1;
+                if let Some(s) = ctx.get(node)?.src(k) {
+                    let slot = self.edge_slot(np.edges[k]);
+                    Self::place(buffers, ctx, s, &slot)?;
+                }
+            }
+            Self::place(buffers, ctx, node, &np.dst)?;
         }
         Ok(())
     }
 
     // ---- plan validity and application ----
 
-    fn slot_fits(&self, t: &graph::Tensor, slot: &Slot) -> bool {
+    /// The slot an edge of the plan refers to.
+    #[inline]
+    fn edge_slot(&self, e: EdgeRef) -> Slot {
+        let slot = if e < EXTRA {
+            self.node_plans.get(e as usize).map(|np| &np.dst)
+        } else if e & (LEAF | EXTRA) == LEAF {
+            self.leaf_slots.get((e & !LEAF) as usize)
+        } else if e != EMPTY {
+            self.extra_slots.get((e & !EXTRA) as usize)
+        } else {
+            None
+        };
+        slot.copied().unwrap_or(Slot::NONE)
+    }
+
+    #[inline]
+    fn slot_fits(&self, t: &Tensor, slot: &Slot) -> bool {
         if t.has_storage() || t.is_view() {
             return true;
         }
@@ -306,6 +422,94 @@ impl GraphAllocator {
             .is_some_and(|bid| slot.size_max >= self.bufts[bid as usize].alloc_size(t))
     }
 
+    /// `true` only if [`GraphAllocator::plan_fits`] would answer `Ok(true)`. A source edge
+    /// whose id is the one at the position the plan took its slot from needs no check of its
+    /// own: that position's check covers the same tensor against the same slot.
+    ///
+    /// On `true` it has also filled [`GraphAllocator::settled`] for the placement that follows.
+    fn plan_fits_quick(&mut self, ctx: &Context, nodes: &[TensorId], leafs: &[TensorId]) -> bool {
+        if !self.planned || nodes.len() != self.n_nodes || leafs.len() != self.n_leafs {
+            return false;
+        }
+        // (taken out and put back, so that `self` can be read meanwhile; no allocation)
+        let mut st = std::mem::take(&mut self.settled);
+        let fits = self.check_quick(ctx, nodes, leafs, &mut st);
+        self.settled = st;
+        fits
+    }
+
+    fn check_quick(
+        &self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        leafs: &[TensorId],
+        st: &mut Settled,
+    ) -> bool {
+        let (st_leaf, st_node, st_scan) = (&mut st.leaf[..], &mut st.node[..], &mut st.scan[..]);
+        for ((&leaf, slot), settled) in leafs.iter().zip(&self.leaf_slots).zip(&mut *st_leaf) {
+            match ctx.get(leaf) {
+                Ok(t) if self.slot_fits(t, slot) => *settled = Self::settles(ctx, t),
+                _ => return false,
+            }
+        }
+        let st_leaf = &*st_leaf;
+        for (i, (&node, np)) in nodes.iter().zip(&self.node_plans).enumerate() {
+            let Ok(t) = ctx.get(node) else {
+                return false;
+            };
+            if !self.slot_fits(t, &np.dst) {
+                return false;
+            }
+            let mut scan = 0u16;
+            for (k, (s, &e)) in t.srcs_used().iter().zip(&np.edges).enumerate() {
+                let Some(s) = *s else {
+                    continue;
+                };
+                // covered: the id at the edge's position is this source (checked there);
+                // settled: and placement will have given it storage by the time it is here
+                let (covered, settled) = if e < EXTRA {
+                    let j = e as usize;
+                    let c = nodes.get(j) == Some(&s);
+                    (c, c && j < i && st_node.get(j).is_some_and(|&v| v))
+                } else if e & (LEAF | EXTRA) == LEAF {
+                    let j = (e & !LEAF) as usize;
+                    let c = leafs.get(j) == Some(&s);
+                    (c, c && st_leaf.get(j).is_some_and(|&v| v))
+                } else {
+                    (false, false)
+                };
+                if !settled {
+                    scan |= 1 << k;
+                }
+                if covered {
+                    continue;
+                }
+                match ctx.get(s) {
+                    Ok(ts) if self.slot_fits(ts, &self.edge_slot(e)) => {}
+                    _ => return false,
+                }
+            }
+            if let (Some(v), Some(m)) = (st_node.get_mut(i), st_scan.get_mut(i)) {
+                *v = Self::settles(ctx, t);
+                *m = scan;
+            }
+        }
+        true
+    }
+
+    /// Whether `t` is sure to have storage once placement has visited its position (or has
+    /// failed): it has storage, or it is not a view (it is placed), or it is a view whose
+    /// root has storage already (it gets its root's).
+    #[inline]
+    fn settles(ctx: &Context, t: &Tensor) -> bool {
+        match t.view_src() {
+            None => true,
+            Some(root) => t.has_storage() || ctx.get(root).is_ok_and(Tensor::has_storage),
+        }
+    }
+
+    /// Whether the recorded plan fits the graph: the full check, every position and edge in
+    /// order (the first stale id is the error).
     fn plan_fits(
         &self,
         ctx: &Context,
@@ -315,14 +519,14 @@ impl GraphAllocator {
         if !self.planned || nodes.len() != self.n_nodes || leafs.len() != self.n_leafs {
             return Ok(false);
         }
-        for (&node, slots) in nodes.iter().zip(&self.node_slots) {
+        for (&node, np) in nodes.iter().zip(&self.node_plans) {
             let t = ctx.get(node)?;
-            if !self.slot_fits(t, &slots.dst) {
+            if !self.slot_fits(t, &np.dst) {
                 return Ok(false);
             }
-            for (s, slot) in t.srcs_used().iter().zip(&slots.src) {
+            for (s, &e) in t.srcs_used().iter().zip(&np.edges) {
                 if let Some(s) = *s
-                    && !self.slot_fits(ctx.get(s)?, slot)
+                    && !self.slot_fits(ctx.get(s)?, &self.edge_slot(e))
                 {
                     return Ok(false);
                 }
@@ -341,29 +545,25 @@ impl GraphAllocator {
     /// from the planner, so it is aligned, and `offset + size_max` lies within the buffer
     /// (asserted cheaply below). So the tensor is placed directly: one reference count
     /// increment and the buffer's `init_tensor` hook, undone if the hook fails.
-    fn init_tensor(
+    #[inline(always)]
+    fn place(
         buffers: &[Option<Buffer>],
         ctx: &mut Context,
         id: TensorId,
         slot: &Slot,
     ) -> Result<(), AllocError> {
-        let t = ctx.get(id)?;
+        let t = ctx.get_mut(id)?;
         if t.has_storage() {
             return Ok(());
         }
-        if let Some(root) = t.view_src() {
-            // A root without storage was placed by someone else (or not at all): leave the
-            // view alone, as the reference does.
-            if ctx.get(root)?.has_storage() {
-                view_init(ctx, id)?;
-            }
-            return Ok(());
+        if t.is_view() {
+            return Self::place_view(buffers, ctx, id);
         }
         // plan_fits guarantees a slot for every unplaced non-view tensor
         let Some(bid) = slot.buffer_id else {
             return Err(AllocError::NeedsReserve);
         };
-        let Some(buffer) = &buffers[bid as usize] else {
+        let Some(Some(buffer)) = buffers.get(bid as usize) else {
             return Err(AllocError::NeedsReserve);
         };
         if buffer.is_multi()
@@ -376,8 +576,44 @@ impl GraphAllocator {
             tensor_alloc(ctx, buffer, id, slot.offset)?;
             return Ok(());
         }
-        let t = &mut ctx[id];
         t.set_storage(Some(buffer.storage_at(slot.offset)));
+        if let Some(imp) = buffer.implementation()
+            && let Err(e) = imp.init_tensor(t)
+        {
+            t.set_storage(None);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Give an unplaced view its root's storage (`view_init`), if the root has storage; a
+    /// root without storage was placed by someone else (or not at all): the view is left
+    /// alone, as the reference does. For a root in one of our buffers the buffer's hook is
+    /// reached through our handle; otherwise the checked helper finds it.
+    #[inline(never)]
+    fn place_view(
+        buffers: &[Option<Buffer>],
+        ctx: &mut Context,
+        id: TensorId,
+    ) -> Result<(), AllocError> {
+        let t = ctx.get(id)?;
+        let (Some(root), offs) = (t.view_src(), t.view_offs()) else {
+            return Ok(());
+        };
+        let Some(rs) = ctx.get(root)?.storage() else {
+            return Ok(());
+        };
+        let Some(buffer) = buffers.iter().flatten().find(|b| b.holds(rs)) else {
+            view_init(ctx, id)?;
+            return Ok(());
+        };
+        // exactly what `view_init` does once its checks (all established here) have passed
+        let storage = TensorStorage {
+            buffer: rs.buffer.clone(),
+            offset: rs.offset + offs,
+        };
+        let t = ctx.get_mut(id)?;
+        t.set_storage(Some(storage));
         if let Some(imp) = buffer.implementation()
             && let Err(e) = imp.init_tensor(t)
         {
@@ -405,7 +641,10 @@ impl GraphAllocator {
                         got: ids.len(),
                     });
                 }
-                if let Some(&id) = ids.iter().find(|&&id| id >= n_buffers) {
+                // a branch-free maximum first (vectorised); the offender only on failure
+                if ids.iter().fold(0, |m, &id| m.max(id)) >= n_buffers
+                    && let Some(&id) = ids.iter().find(|&&id| id >= n_buffers)
+                {
                     return Err(AllocError::BufferIdOutOfRange { id, n_buffers });
                 }
             }
@@ -433,28 +672,7 @@ impl GraphAllocator {
             p.reset();
         }
         self.plan(ctx, nodes, leafs, node_ids, leaf_ids)?;
-
-        // Record the plan by position.
-        if self.node_slots.len() < nodes.len() {
-            self.node_slots.resize(nodes.len(), NodeSlots::default());
-        }
-        if self.leaf_slots.len() < leafs.len() {
-            self.leaf_slots.resize(leafs.len(), Slot::NONE);
-        }
-        // Written in place (building a NodeSlots and storing it costs two 264-byte copies).
-        let (records, bufts) = (&mut self.records, &self.bufts[..]);
-        for (&node, ns) in nodes.iter().zip(&mut self.node_slots) {
-            ns.dst = Self::slot_of(records, bufts, ctx, node)?;
-            ns.src = [Slot::NONE; MAX_SRC];
-            for (k, s) in ctx.get(node)?.srcs_used().iter().enumerate() {
-                if let Some(s) = *s {
-                    ns.src[k] = Self::slot_of(records, bufts, ctx, s)?;
-                }
-            }
-        }
-        for (&leaf, ls) in leafs.iter().zip(&mut self.leaf_slots) {
-            *ls = Self::slot_of(records, bufts, ctx, leaf)?;
-        }
+        self.record_plan(ctx, nodes, leafs)?;
         self.n_nodes = nodes.len();
         self.n_leafs = leafs.len();
 
@@ -489,22 +707,82 @@ impl GraphAllocator {
         Ok(())
     }
 
-    fn slot_of(
-        records: &mut Records,
-        bufts: &[BufferType],
+    /// Record the plan by position from the final planning state: each leaf's slot, each
+    /// node's slot and, per source edge, the position its tensor was first seen at (leafs
+    /// first, then nodes in order), or an extra slot for a source seen at no earlier
+    /// position.
+    fn record_plan(
+        &mut self,
         ctx: &Context,
-        id: TensorId,
-    ) -> Result<Slot, AllocError> {
-        let t = ctx.get(id)?;
-        if t.is_view() || t.has_storage() {
-            return Ok(Slot::NONE);
+        nodes: &[TensorId],
+        leafs: &[TensorId],
+    ) -> Result<(), AllocError> {
+        if self.node_plans.len() < nodes.len() {
+            self.node_plans.resize(nodes.len(), NodePlan::default());
         }
-        let r = *records.get(id);
-        Ok(Slot {
+        if self.leaf_slots.len() < leafs.len() {
+            self.leaf_slots.resize(leafs.len(), Slot::NONE);
+        }
+        self.extra_slots.clear();
+        let st = &mut self.settled;
+        if st.node.len() < nodes.len() {
+            st.node.resize(nodes.len(), false);
+            st.scan.resize(nodes.len(), u16::MAX);
+        }
+        if st.leaf.len() < leafs.len() {
+            st.leaf.resize(leafs.len(), false);
+        }
+        let (records, bufts) = (&mut self.records, &self.bufts[..]);
+        for (j, (&leaf, ls)) in leafs.iter().zip(&mut self.leaf_slots).enumerate() {
+            let t = ctx.get(leaf)?;
+            let r = records.get(leaf);
+            *ls = Self::slot_of(bufts, t, r);
+            if r.pos == EMPTY && j < POS_LIMIT {
+                r.pos = LEAF | j as u32;
+            }
+        }
+        for (i, (&node, np)) in nodes.iter().zip(&mut self.node_plans).enumerate() {
+            let t = ctx.get(node)?;
+            let r = records.get(node);
+            np.dst = Self::slot_of(bufts, t, r);
+            if r.pos == EMPTY && i < POS_LIMIT {
+                r.pos = i as u32;
+            }
+            np.edges = [EMPTY; MAX_SRC];
+            for (e, s) in np.edges.iter_mut().zip(t.srcs_used()) {
+                let Some(s) = *s else {
+                    continue;
+                };
+                let r = records.get(s);
+                *e = if r.pos != EMPTY {
+                    r.pos
+                } else {
+                    // A source at no earlier position (a later node, or in no list). Past
+                    // 2^30 such edges (unreachable in practice) the edge records no slot, so
+                    // a later alloc_graph asks for a reserve instead of misplacing it.
+                    let slot = Self::slot_of(bufts, ctx.get(s)?, r);
+                    let x = self.extra_slots.len();
+                    if x < POS_LIMIT {
+                        self.extra_slots.push(slot);
+                        EXTRA | x as u32
+                    } else {
+                        EMPTY
+                    }
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn slot_of(bufts: &[BufferType], t: &Tensor, r: &mut Record) -> Slot {
+        if t.is_view() || t.has_storage() {
+            return Slot::NONE;
+        }
+        Slot {
             buffer_id: Some(r.buffer_id),
             offset: r.offset,
-            size_max: bufts[r.buffer_id as usize].alloc_size(t),
-        })
+            size_max: r.size_for(bufts, t, r.buffer_id),
+        }
     }
 
     fn plan(
@@ -581,6 +859,9 @@ impl GraphAllocator {
         Ok(())
     }
 
+    /// Give `id` memory unless it has some (or storage, or is a view). Most calls find it
+    /// placed already, so that test is inlined into the phases and the work is not.
+    #[inline(always)]
     fn allocate_node(
         &mut self,
         ctx: &Context,
@@ -593,12 +874,25 @@ impl GraphAllocator {
             return Ok(());
         }
         rec.allocated = true;
+        self.allocate_new(ctx, id, t, buffer_id)
+    }
 
+    #[inline(never)]
+    fn allocate_new(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+        buffer_id: usize,
+    ) -> Result<(), AllocError> {
         if t.op().can_inplace() {
             for p in t.srcs_used().iter().flatten().copied() {
                 let pt = ctx.get(p)?;
-                let pr = *self.records.get(p);
-                if !pr.allocated || pr.output_view || pt.flags().contains(TensorFlags::OUTPUT) {
+                let pr = self.records.get(p);
+                let (allocated, output_view, n_children, n_views) =
+                    (pr.allocated, pr.output_view, pr.n_children, pr.n_views);
+                let (pr_bid, pr_offset) = (pr.buffer_id, pr.offset);
+                if !allocated || output_view || pt.flags().contains(TensorFlags::OUTPUT) {
                     continue;
                 }
                 // A view is never "own" (views are never given memory), so the reference's
@@ -608,21 +902,22 @@ impl GraphAllocator {
                 {
                     continue;
                 }
-                if !pt.same_layout(t) || pr.n_children != 1 || pr.n_views != 0 {
+                // (the counts first: they are cheaper than the layout and have no effects)
+                if n_children != 1 || n_views != 0 || !pt.same_layout(t) {
                     continue;
                 }
                 debug_assert!(!pt.is_view(), "views are never allocated");
                 let r = self.records.get(id);
-                r.buffer_id = pr.buffer_id;
-                r.offset = pr.offset;
+                r.buffer_id = pr_bid;
+                r.offset = pr_offset;
                 self.records.get(p).allocated = false;
                 return Ok(());
             }
         }
 
-        let size = self.bufts[buffer_id].alloc_size(t);
-        let offset = self.planners[self.planner_of[buffer_id]].alloc(size)?;
         let r = self.records.get(id);
+        let size = r.size_for(&self.bufts, t, buffer_id as u32);
+        let offset = self.planners[self.planner_of[buffer_id]].alloc(size)?;
         r.buffer_id = buffer_id as u32;
         r.offset = offset;
         Ok(())
@@ -635,9 +930,9 @@ impl GraphAllocator {
             return Ok(());
         }
         r.allocated = false;
-        let (bid, offset) = (r.buffer_id as usize, r.offset);
-        let size = self.bufts[bid].alloc_size(t);
-        self.planners[self.planner_of[bid]].free(offset, size);
+        let (bid, offset) = (r.buffer_id, r.offset);
+        let size = r.size_for(&self.bufts, t, bid);
+        self.planners[self.planner_of[bid as usize]].free(offset, size);
         Ok(())
     }
 }
