@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
-use crate::quant::{self, ROWS};
+use crate::quant::{self, F32_ROWS, ROWS};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
@@ -597,12 +597,17 @@ impl Exec<'_> {
                 let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * n);
-                // Groups of ROWS weight rows share each column load (a short last group
-                // repeats its last row and drops the extra results).
-                for g0 in (0..nr).step_by(ROWS) {
-                    let g = (nr - g0).min(ROWS);
+                // Groups of weight rows share each column load (a short last group repeats
+                // its last row and drops the extra results; a row's result does not depend
+                // on the other rows of its group).
+                let group = match a.ty {
+                    ElementType::Q4_0 | ElementType::Q8_0 => ROWS,
+                    _ => F32_ROWS,
+                };
+                for g0 in (0..nr).step_by(group) {
+                    let g = (nr - g0).min(group);
                     let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
-                    let mut put = |j: usize, d: [f32; ROWS]| {
+                    let mut put = |j: usize, d: &[f32]| {
                         out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                     };
                     match a.ty {
@@ -612,28 +617,26 @@ impl Exec<'_> {
                             for j in 0..n {
                                 let c = batch * n + j;
                                 let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                                put(j, quant::dot_q4_0_q8_0_rows(isa, rws, col));
+                                put(j, &quant::dot_q4_0_q8_0_rows(isa, rws, col));
                             }
                         }
                         ElementType::Q8_0 => {
                             for j in 0..n {
                                 let c = batch * n + j;
                                 let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                                put(
-                                    j,
-                                    std::array::from_fn(|r| {
-                                        quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
-                                    }),
-                                );
+                                let d: [f32; ROWS] = std::array::from_fn(|r| {
+                                    quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
+                                });
+                                put(j, &d);
                             }
                         }
                         _ => {
-                            let direct: [Option<&[f32]>; ROWS] =
+                            let direct: [Option<&[f32]>; F32_ROWS] =
                                 std::array::from_fn(|j| a.f32_row(row_of(j), a2, a3));
-                            let rws: [&[f32]; ROWS] = if direct.iter().all(Option::is_some) {
+                            let rws: [&[f32]; F32_ROWS] = if direct.iter().all(Option::is_some) {
                                 direct.map(|r| r.unwrap_or_default())
                             } else {
-                                let x = grow(&mut ts.a, ROWS * k);
+                                let x = grow(&mut ts.a, F32_ROWS * k);
                                 for (j, xr) in x.chunks_exact_mut(k).enumerate() {
                                     a.load_f32(0, row_of(j), a2, a3, xr);
                                 }
@@ -642,7 +645,7 @@ impl Exec<'_> {
                             for j in 0..n {
                                 let c = batch * n + j;
                                 let col = &packed_f32[c * k..(c + 1) * k];
-                                put(j, quant::dot_f32_rows(isa, rws, col));
+                                put(j, &quant::dot_f32_rows(isa, rws, col));
                             }
                         }
                     }

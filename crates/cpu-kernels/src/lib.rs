@@ -34,9 +34,12 @@
 //!   weights are dequantized into a per-thread f32 panel first. Thin products (decode: 1 to 15
 //!   columns) are memory bound, so they take a dot-product path: f32/f16/bf16 rows against
 //!   f32 columns; for q8_0/q4_0 weights the columns are quantized to q8_0 once and each row is
-//!   dotted block by block with integer sums, as ggml does. f32 and q4_0 rows are dotted four
-//!   at a time, so each column load serves four rows and four weight streams run side by
-//!   side. The crate is compiled for the baseline x86-64 target, so these dot products have
+//!   dotted block by block with integer sums, as ggml does. q4_0 rows are dotted four at a
+//!   time and f32 rows eight at a time, so each column load serves several rows and several
+//!   weight streams run side by side; the f32 kernel also prefetches 256 bytes ahead in each
+//!   row. A thin f32 product is bound by DRAM reads, and on the 2-core Zen 3 machine the
+//!   benchmarks run on one core pulls markedly more bandwidth from eight streams than from
+//!   one or four (`benches/kernels.rs`'s read baseline reads eight per thread for that reason). The crate is compiled for the baseline x86-64 target, so these dot products have
 //!   AVX2/FMA/F16C and AVX-512 (F, BW, VL, VNNI) versions chosen at run time (`quant`'s `x86`
 //!   module, intrinsics), with portable versions that Miri checks and tests compare against.
 //! * **`half`** converts f16/bf16: it is the standard crate for these types, exact in both
