@@ -2,12 +2,14 @@
 //!
 //! Work is cut into units (row chunks for elementwise ops, rows for row-wise ops, row blocks
 //! for matrix products); a node whose total work is below [`MIN_WORK`] runs on the calling
-//! thread alone, so tiny ops pay no synchronisation. Every unit reads its sources into
+//! thread alone, so tiny ops pay no synchronisation. Thin matrix products, which stream
+//! their weights from DRAM, give each thread a contiguous range of row blocks (with
+//! stealing, see [`Exec::par_for_contiguous`]) so each core reads one sequential stream. Every unit reads its sources into
 //! per-thread f32 scratch, computes there, and stores the result, which makes in-place ops and
 //! any strides correct by construction.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use backend_core::BackendError;
 use graph::{Context, ElementType, Op, TensorId, UnaryOp};
@@ -15,12 +17,15 @@ use parking_lot::Mutex;
 
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
-use crate::quant::{self, ROWS};
+use crate::quant::{self, F32_ROWS, ROWS};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
 /// Chunks of units per thread that [`Exec::par_for`] aims for.
 const CHUNKS_PER_THREAD: usize = 8;
+/// Chunks per thread in [`Exec::par_for_contiguous`]: small, so that the last stolen chunk
+/// is short; claims stay cheap (one compare-and-swap each) and in order.
+const STREAM_CHUNKS_PER_THREAD: usize = 32;
 /// Elements per unit of elementwise work.
 const ROW_CHUNK: usize = 4096;
 /// Rows of the weight matrix per unit in the dot-product matrix path.
@@ -140,6 +145,82 @@ impl Exec<'_> {
                     // Stop handing out work: the op failed.
                     next.store(n_units, Ordering::Relaxed);
                     return;
+                }
+            }
+        });
+        match err.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Exec::par_for`] for work that streams through memory (the thin matrix products):
+    /// thread `t` owns the contiguous units `t·n/nth .. (t+1)·n/nth` and claims them in small
+    /// chunks from the front, in order, so each core reads its part of the weights as one
+    /// sequential stream and the cores never interleave over the same region; a thread whose
+    /// range is used up steals chunks from the back of the others' ranges, so a thread
+    /// descheduled on a loaded machine does not hold up the op. Claiming is one
+    /// compare-and-swap per chunk on the owner's range. As for `par_for`, a unit's result
+    /// does not depend on which thread computes it.
+    fn par_for_contiguous<F>(
+        &self,
+        n_units: usize,
+        unit_cost: usize,
+        f: F,
+    ) -> Result<(), BackendError>
+    where
+        F: Fn(Range<usize>, &mut ThreadScratch) -> Result<(), BackendError> + Sync,
+    {
+        let total = n_units.saturating_mul(unit_cost.max(1));
+        let nth = (total / MIN_WORK)
+            .clamp(1, self.n_threads.min(self.pool.n_threads()))
+            .min(n_units)
+            .min(self.scratch.thread.len());
+        if nth <= 1 || u32::try_from(n_units).is_err() {
+            return self.par_for(n_units, unit_cost, f);
+        }
+        let thread = &self.scratch.thread;
+        let min_units = (MIN_WORK / 4).div_ceil(unit_cost.max(1)).max(1);
+        let chunk = n_units
+            .div_ceil(nth * STREAM_CHUNKS_PER_THREAD)
+            .max(min_units);
+        let pack = |lo: usize, hi: usize| lo as u64 | (hi as u64) << 32;
+        let ranges: Vec<AtomicU64> = (0..nth)
+            .map(|t| AtomicU64::new(pack(t * n_units / nth, (t + 1) * n_units / nth)))
+            .collect();
+        // Take `chunk` units from the front (owner) or the back (thief) of a range.
+        let claim = |r: &AtomicU64, front: bool| -> Option<Range<usize>> {
+            let mut v = r.load(Ordering::Relaxed);
+            loop {
+                let (lo, hi) = ((v & 0xffff_ffff) as usize, (v >> 32) as usize);
+                if lo >= hi {
+                    return None;
+                }
+                let (got, new) = if front {
+                    let e = (lo + chunk).min(hi);
+                    (lo..e, pack(e, hi))
+                } else {
+                    let s = hi.saturating_sub(chunk).max(lo);
+                    (s..hi, pack(lo, s))
+                };
+                match r.compare_exchange_weak(v, new, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Some(got),
+                    Err(x) => v = x,
+                }
+            }
+        };
+        let err: Mutex<Option<BackendError>> = Mutex::new(None);
+        self.pool.run(nth, &|ith| {
+            let mut ts = thread[ith].lock();
+            let order = (0..nth).map(|o| (ith + o) % nth);
+            for (o, victim) in order.enumerate() {
+                while let Some(units) = claim(&ranges[victim], o == 0) {
+                    if let Err(e) = f(units, &mut ts) {
+                        err.lock().get_or_insert(e);
+                        // Stop handing out work: the op failed.
+                        ranges.iter().for_each(|r| r.store(0, Ordering::Relaxed));
+                        return;
+                    }
                 }
             }
         });
@@ -589,7 +670,7 @@ impl Exec<'_> {
         let mblocks = m.div_ceil(MM_ROWS);
         let isa = quant::Isa::best();
         let this = &*self;
-        this.par_for(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
+        this.par_for_contiguous(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
             for u in units {
                 let (batch, mb) = (u / mblocks, u % mblocks);
                 let (i2, i3) = (batch % dst.ne[2], batch / dst.ne[2]);
@@ -597,12 +678,17 @@ impl Exec<'_> {
                 let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * n);
-                // Groups of ROWS weight rows share each column load (a short last group
-                // repeats its last row and drops the extra results).
-                for g0 in (0..nr).step_by(ROWS) {
-                    let g = (nr - g0).min(ROWS);
+                // Groups of weight rows share each column load (a short last group repeats
+                // its last row and drops the extra results; a row's result does not depend
+                // on the other rows of its group).
+                let group = match a.ty {
+                    ElementType::Q4_0 | ElementType::Q8_0 => ROWS,
+                    _ => F32_ROWS,
+                };
+                for g0 in (0..nr).step_by(group) {
+                    let g = (nr - g0).min(group);
                     let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
-                    let mut put = |j: usize, d: [f32; ROWS]| {
+                    let mut put = |j: usize, d: &[f32]| {
                         out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                     };
                     match a.ty {
@@ -612,28 +698,26 @@ impl Exec<'_> {
                             for j in 0..n {
                                 let c = batch * n + j;
                                 let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                                put(j, quant::dot_q4_0_q8_0_rows(isa, rws, col));
+                                put(j, &quant::dot_q4_0_q8_0_rows(isa, rws, col));
                             }
                         }
                         ElementType::Q8_0 => {
                             for j in 0..n {
                                 let c = batch * n + j;
                                 let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                                put(
-                                    j,
-                                    std::array::from_fn(|r| {
-                                        quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
-                                    }),
-                                );
+                                let d: [f32; ROWS] = std::array::from_fn(|r| {
+                                    quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
+                                });
+                                put(j, &d);
                             }
                         }
                         _ => {
-                            let direct: [Option<&[f32]>; ROWS] =
+                            let direct: [Option<&[f32]>; F32_ROWS] =
                                 std::array::from_fn(|j| a.f32_row(row_of(j), a2, a3));
-                            let rws: [&[f32]; ROWS] = if direct.iter().all(Option::is_some) {
+                            let rws: [&[f32]; F32_ROWS] = if direct.iter().all(Option::is_some) {
                                 direct.map(|r| r.unwrap_or_default())
                             } else {
-                                let x = grow(&mut ts.a, ROWS * k);
+                                let x = grow(&mut ts.a, F32_ROWS * k);
                                 for (j, xr) in x.chunks_exact_mut(k).enumerate() {
                                     a.load_f32(0, row_of(j), a2, a3, xr);
                                 }
@@ -642,7 +726,7 @@ impl Exec<'_> {
                             for j in 0..n {
                                 let c = batch * n + j;
                                 let col = &packed_f32[c * k..(c + 1) * k];
-                                put(j, quant::dot_f32_rows(isa, rws, col));
+                                put(j, &quant::dot_f32_rows(isa, rws, col));
                             }
                         }
                     }

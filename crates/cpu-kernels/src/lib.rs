@@ -34,15 +34,36 @@
 //!   weights are dequantized into a per-thread f32 panel first. Thin products (decode: 1 to 15
 //!   columns) are memory bound, so they take a dot-product path: f32/f16/bf16 rows against
 //!   f32 columns; for q8_0/q4_0 weights the columns are quantized to q8_0 once and each row is
-//!   dotted block by block with integer sums, as ggml does. f32 and q4_0 rows are dotted four
-//!   at a time, so each column load serves four rows and four weight streams run side by
-//!   side. The crate is compiled for the baseline x86-64 target, so these dot products have
-//!   AVX2/FMA/F16C and AVX-512 (F, BW, VL, VNNI) versions chosen at run time (`quant`'s `x86`
-//!   module, intrinsics), with portable versions that Miri checks and tests compare against.
+//!   dotted block by block with integer sums, as ggml does. q4_0 rows are dotted four at a
+//!   time and f32 rows eight at a time, so each column load serves several rows and several
+//!   weight streams run side by side. The crate is compiled for the baseline x86-64 target,
+//!   so these dot products have AVX2/FMA/F16C and AVX-512 (F, BW, VL, VNNI) versions chosen
+//!   at run time (`quant`'s `x86` module, intrinsics), with portable versions that Miri
+//!   checks and tests compare against. (The AVX-512 level runs the eight f32 rows as two
+//!   passes of its four-row kernel: the development machine has no AVX-512 to tune or test
+//!   an eight-row version on.)
+//! * **The thin f32 kernel** (decode with f32 weights) is bound by DRAM reads: 4096×4096
+//!   weights are 64 MiB, twice the L3. On the 2-core Zen 3 (EPYC Milan) development machine
+//!   a core reads markedly faster from several streams than from one: a plain sequential
+//!   AVX2 sum reached about 60 % of eight streams read side by side. So the kernel dots
+//!   eight rows per pass (eight streams, eight independent FMA chains, one column load per
+//!   eight row loads) and prefetches 256 bytes ahead in each row. Measured against each
+//!   other in a kernel-only harness: one or two rows per pass were 25–40 % slower, four
+//!   rows (the previous kernel) a few percent slower, twelve rows or two vectors per row no
+//!   better, prefetching 1 KiB or more ahead slower than none. `benches/kernels.rs` measures
+//!   the ceiling in the same run (`mul_mat/read_64MiB_baseline`, eight streams per thread).
+//!   Each row's dot product is a function of that row and the column only, so results do
+//!   not depend on the thread count or on how rows fall into groups.
 //! * **`half`** converts f16/bf16: it is the standard crate for these types, exact in both
 //!   directions (round to nearest even), and uses the F16C instructions when the CPU has them.
 //! * **Threads**: a persistent pool (see `pool`), work split per op into row units; ops below
-//!   a work threshold run on the calling thread only.
+//!   a work threshold run on the calling thread only. Units are claimed in chunks from a
+//!   shared counter, except in the thin matrix products: there each thread owns one
+//!   contiguous range of weight rows and walks it in order, stealing from the back of the
+//!   other threads' ranges when its own is done. With a shared counter the two cores take
+//!   alternate chunks of one region; in a kernel-only harness that read 5–15 % slower than
+//!   contiguous halves in most runs (within the noise of the criterion bench on the shared
+//!   machine). The stealing keeps the load balance the counter gave on a loaded machine.
 //! * **Memory**: all raw pointer work on tensor bytes is in one module (`mem`); kernels read
 //!   rows into per-thread f32 scratch and write results back, which makes in-place ops and
 //!   arbitrary strides correct. The only other `unsafe` code: the pool's lifetime-erased job

@@ -790,3 +790,55 @@ fn mul_mat_thin_small_for_miri() {
         mul_mat_case(ty, 32, 2, 2, [1, 1], [2, 1], true, 1);
     }
 }
+
+/// The thin path's edges: row counts that are not a multiple of the row groups (8 f32 rows,
+/// 4 q4_0 rows) or of the 16-row units, lengths that are not a multiple of the vector width
+/// (8 or 16 floats), a transposed (strided) src1, and shapes large enough to be split over
+/// two threads, where one thread's rows end and the other's begin.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; mul_mat_thin_small_for_miri covers the same memory paths"
+)]
+fn mul_mat_thin_row_groups_and_tails() {
+    for ty in [T::F32, T::F16, T::Q4_0] {
+        for &nth in THREADS {
+            for (k, m) in [(24, 1), (37, 7), (40, 9), (129, 13), (203, 23)] {
+                if ty == T::Q4_0 && k % 32 != 0 {
+                    continue;
+                }
+                mul_mat_case(ty, k, m, 1, [1, 1], [1, 1], false, nth);
+                mul_mat_case(ty, k, m, 2, [1, 1], [1, 1], true, nth);
+            }
+            let k = if ty == T::Q4_0 { 224 } else { 203 };
+            mul_mat_case(ty, k, 301, 1, [1, 1], [1, 1], false, nth);
+            mul_mat_case(ty, k, 77, 3, [2, 1], [1, 1], true, nth);
+        }
+    }
+}
+
+/// Thin products give the same bits on one thread and on two: each row's dot product is
+/// computed by one kernel call whatever thread claims it and whatever rows share its group.
+#[test]
+fn mul_mat_thin_threads_agree_bit_for_bit() {
+    let (k, m) = if cfg!(miri) { (64, 21) } else { (1024, 1003) };
+    for ty in [T::F32, T::Q4_0] {
+        for n in [1i64, 3] {
+            let mut outs = Vec::new();
+            for nth in [1, 2] {
+                let mut ctx = Context::new();
+                let a = ctx.new_tensor_2d(ty, k, m).unwrap();
+                let b = ctx.new_tensor_2d(T::F32, k, n).unwrap();
+                let c = ctx.mul_mat(a, b).unwrap();
+                let g = graph_of(&mut ctx, &[c]);
+                let _buf = alloc_all(&mut ctx);
+                let mut rng = Rng::new(5);
+                fill(&ctx, a, &mut rng);
+                fill(&ctx, b, &mut rng);
+                compute(&ctx, &g, nth);
+                outs.push(bytes(&ctx, c));
+            }
+            assert_eq!(outs[0], outs[1], "{ty} n{n}");
+        }
+    }
+}

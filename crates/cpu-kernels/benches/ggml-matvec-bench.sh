@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Build ggml's CPU backend in its default build for this machine (GGML_NATIVE=ON, ggml's own
+# defaults otherwise) from the PyPI sdist llama-cpp-python==0.3.36 (the ggml that
+# .ci/rpc-server-build.sh uses), plus a tiny C++ driver that times MUL_MAT on it, so that
+# `benches/kernels.rs` can be compared with ggml on the same machine in the same minute.
+# Nothing built here is committed.
+#
+# Usage: crates/cpu-kernels/benches/ggml-matvec-bench.sh [SCRATCH_DIR] [-- DRIVER ARGS]
+#   SCRATCH_DIR defaults to ${GGML_MATVEC_DIR:-$HOME/.cache/ggml-matvec}.
+#   Builds (cached by sdist hash and driver source), then runs the driver:
+#     ggml-matvec [ITERS] [THREADS]      (defaults 200 and 2)
+#   which prints one line per case: `NAME MIN_NS GFLOP/s MEAN_NS`: the fastest single call
+#   (what benches/kernels.rs reports with BENCH_MIN=1) and the mean of the best of 5 rounds
+#   of ITERS calls (after a warm-up round; ITERS/8 for the x32 shapes). Cases: f32_4096x4096_x1, q4_0_4096x4096_x1,
+#   f32_4096x4096_x32, q4_0_4096x4096_x32 (the names of benches/kernels.rs's mul_mat group).
+#   Weights and inputs are filled with the byte 0x3c, as the Rust bench does.
+# Cost: ~1 min download (76.6 MB), ~1-2 min build on 2 cores, `apt-get install cmake ninja-build`.
+set -euo pipefail
+
+SDIST_VERSION=0.3.36
+SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+DIR=${GGML_MATVEC_DIR:-$HOME/.cache/ggml-matvec}
+if [[ $# -ge 1 && $1 != -- ]]; then DIR=$1; shift; fi
+[[ ${1:-} == -- ]] && shift
+mkdir -p "$DIR"
+DIR=$(cd "$DIR" && pwd)
+BIN=$DIR/bin/ggml-matvec
+SRC=$DIR/driver/ggml_matvec.cpp
+
+if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+    echo "installing cmake and ninja-build" >&2
+    SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo
+    $SUDO apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake ninja-build >&2
+fi
+
+mkdir -p "$DIR/dl" "$DIR/bin" "$DIR/driver"
+cd "$DIR"
+if [[ ! -f install/lib/libggml-cpu.a || $(cat .sdist-sha256 2>/dev/null) != "$SDIST_SHA256" ]]; then
+    TARBALL=dl/llama_cpp_python-$SDIST_VERSION.tar.gz
+    if [[ ! -f $TARBALL ]]; then
+        python3 -m pip download --no-deps --no-binary llama-cpp-python \
+            "llama-cpp-python==$SDIST_VERSION" -d dl >&2
+    fi
+    echo "$SDIST_SHA256  $TARBALL" | sha256sum -c - >&2
+    rm -rf "dl/llama_cpp_python-$SDIST_VERSION" ggml-src build install
+    tar xzf "$TARBALL" -C dl
+    cp -r "dl/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp/ggml" ggml-src
+    # The sdist omits ggml/ggml.pc.in, which ggml's standalone CMakeLists needs.
+    cat > ggml-src/ggml.pc.in <<'PC'
+prefix=@CMAKE_INSTALL_PREFIX@
+exec_prefix=${prefix}
+includedir=${prefix}/include
+libdir=${prefix}/lib
+
+Name: ggml
+Description: The GGML Tensor Library for Machine Learning
+Version: @GGML_VERSION@
+Cflags: -I${includedir}
+Libs: -L${libdir} -lggml
+PC
+    # ggml's defaults (OpenMP if the compiler has it, no llamafile sgemm, no BLAS), tuned
+    # for this CPU: the build a user of ggml gets by default.
+    cmake -S ggml-src -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+        -DGGML_NATIVE=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF \
+        -DCMAKE_INSTALL_PREFIX="$DIR/install" >&2
+    ninja -C build -j"${GGML_BUILD_JOBS:-2}" >&2
+    cmake --install build >&2
+    echo "$SDIST_SHA256" > .sdist-sha256
+    rm -f "$BIN"
+fi
+
+cat > "$SRC.new" <<'CPP'
+// Times ggml's CPU backend on MUL_MAT; see cpu-kernels/benches/ggml-matvec-bench.sh.
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+struct Case { const char * name; ggml_type ty; int k, m, n; };
+
+int main(int argc, char ** argv) {
+    long iters = argc > 1 ? std::atol(argv[1]) : 200;
+    int threads = argc > 2 ? std::atoi(argv[2]) : 2;
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    if (cpu == nullptr) { std::fprintf(stderr, "no CPU backend\n"); return 1; }
+    ggml_backend_cpu_set_n_threads(cpu, threads);
+    const Case cases[] = {
+        {"f32_4096x4096_x1", GGML_TYPE_F32, 4096, 4096, 1},
+        {"q4_0_4096x4096_x1", GGML_TYPE_Q4_0, 4096, 4096, 1},
+        {"f32_4096x4096_x32", GGML_TYPE_F32, 4096, 4096, 32},
+        {"q4_0_4096x4096_x32", GGML_TYPE_Q4_0, 4096, 4096, 32},
+    };
+    for (const Case & c : cases) {
+        ggml_init_params params = {8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
+        ggml_context * ctx = ggml_init(params);
+        ggml_tensor * w = ggml_new_tensor_2d(ctx, c.ty, c.k, c.m);
+        ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.k, c.n);
+        ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
+        ggml_backend_buffer_clear(buf, 0x3c);
+        ggml_cgraph * g = ggml_new_graph(ctx);
+        ggml_build_forward_expand(g, y);
+        // Small enough shapes run more iterations per round for the same time.
+        long n_it = c.n > 1 ? iters / 8 + 1 : iters;
+        double best = 1e300, fastest = 1e300;
+        for (int round = 0; round < 6; ++round) {
+            auto t0 = std::chrono::steady_clock::now();
+            for (long i = 0; i < n_it; ++i) {
+                auto c0 = std::chrono::steady_clock::now();
+                if (ggml_backend_graph_compute(cpu, g) != GGML_STATUS_SUCCESS) {
+                    std::fprintf(stderr, "compute failed\n");
+                    return 1;
+                }
+                double one = std::chrono::duration<double, std::nano>(
+                                 std::chrono::steady_clock::now() - c0).count();
+                if (round > 0 && one < fastest) fastest = one;
+            }
+            double ns = std::chrono::duration<double, std::nano>(
+                            std::chrono::steady_clock::now() - t0).count() / n_it;
+            if (round > 0 && ns < best) best = ns;  // round 0 warms up
+        }
+        float out = 0;
+        ggml_backend_tensor_get(y, &out, 0, sizeof(out));
+        double flop = 2.0 * c.k * c.m * c.n;
+        std::printf("%s %.0f %.2f %.0f (y[0]=%g)\n", c.name, fastest, flop / fastest, best, out);
+        std::fflush(stdout);
+        ggml_backend_buffer_free(buf);
+        ggml_free(ctx);
+    }
+    ggml_backend_free(cpu);
+    return 0;
+}
+CPP
+if [[ -x $BIN && -f $SRC ]] && cmp -s "$SRC" "$SRC.new"; then
+    rm "$SRC.new"
+    echo "cached: $BIN" >&2
+else
+    mv "$SRC.new" "$SRC"
+    LIBS="-L$DIR/install/lib -lggml -lggml-cpu -lggml-base -lpthread -lm"
+    # OpenMP: ggml-cpu uses it in its default build when the compiler has it.
+    # shellcheck disable=SC2086
+    g++ -O2 -std=c++17 -fopenmp -I "$DIR/install/include" "$SRC" -o "$BIN" $LIBS
+fi
+echo "$BIN" >&2
+"$BIN" "$@"
