@@ -306,6 +306,9 @@ pub struct Scheduler {
     rewrites: Vec<Rewrite>,
     rewritten: bool,
     scratch: Vec<TensorId>,
+    /// The backend of each of `scratch`'s compute nodes during passes 2 and 3 (a dense
+    /// mirror of their slots, which the sweeps read without a slot lookup).
+    scratch_bids: Vec<i32>,
 
     callback: Option<EvalCallback>,
 }
@@ -433,6 +436,7 @@ impl Scheduler {
             rewrites: Vec::new(),
             rewritten: false,
             scratch: Vec::new(),
+            scratch_bids: Vec::new(),
             callback: None,
         };
         s.reset();
@@ -724,9 +728,14 @@ impl Scheduler {
         );
     }
 
-    /// `ggml_backend_sched_backend_id_from_cur`.
-    fn backend_id_from_cur(&mut self, ctx: &Context, id: TensorId) -> Result<(i32, Cause)> {
-        let t = ctx.get(id)?;
+    /// `ggml_backend_sched_backend_id_from_cur` (`t` is `id`'s tensor).
+    #[inline(always)]
+    fn backend_id_from_cur(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+    ) -> Result<(i32, Cause)> {
         let root = Self::root_storage(ctx, t);
         if let Some(st) = root {
             let facts = self.buffer_facts(st);
@@ -808,9 +817,13 @@ impl Scheduler {
         devices & (1 << b) != 0
     }
 
-    fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: i32) {
+    /// Assign `node` to `cur` if its device runs the op; returns whether it did.
+    fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: i32) -> bool {
         if self.devices[cur as usize].supports_op(ctx, node) {
             self.set_bid(node, cur, Cause::Expand);
+            true
+        } else {
+            false
         }
     }
 
@@ -895,18 +908,20 @@ impl Scheduler {
         // usages may have changed and buffers come and gone since the last split
         self.buffer_memo.clear();
 
-        let any_gpu = self.pass1(ctx, graph)?;
-        // pass 2: expand non-CPU backends down and up, then every backend down and up
+        // pass 1 also lists the compute (non-view) nodes and their backends for passes 2, 3
         let mut compute_nodes = std::mem::take(&mut self.scratch);
+        let mut bids = std::mem::take(&mut self.scratch_bids);
         compute_nodes.clear();
-        for &n in graph.nodes() {
-            if !ctx.get(n)?.op().is_view_op() {
-                compute_nodes.push(n);
-            }
-        }
-        self.pass2(ctx, &compute_nodes, any_gpu);
-        let r = self.pass3(ctx, &compute_nodes);
+        bids.clear();
+        let r = self
+            .pass1(ctx, graph, &mut compute_nodes, &mut bids)
+            .and_then(|any_gpu| {
+                // pass 2: expand non-CPU backends down and up, then every backend down and up
+                self.pass2(ctx, &compute_nodes, &mut bids, any_gpu);
+                self.pass3(ctx, &compute_nodes, &bids)
+            });
         self.scratch = compute_nodes;
+        self.scratch_bids = bids;
         r?;
         self.pass4(ctx, graph)?;
 
@@ -924,15 +939,25 @@ impl Scheduler {
 
     /// Pass 1: pre-allocated tensors, inputs, ops on weights. Returns whether any node sits
     /// on a backend other than the last one.
+    ///
+    /// The compute (non-view) nodes are appended to `compute_nodes` and their backends to
+    /// `bids`.
     #[inline(never)]
-    fn pass1(&mut self, ctx: &Context, graph: &Graph) -> Result<bool> {
+    fn pass1(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        compute_nodes: &mut Vec<TensorId>,
+        bids: &mut Vec<i32>,
+    ) -> Result<bool> {
         let nodes = graph.nodes();
         let leafs = graph.leafs();
         let n_b = self.backends.len() as i32;
         // pass 1: pre-allocated tensors, inputs, ops on weights
         for &leaf in leafs {
             if self.bid(leaf) == -1 {
-                let (b, c) = self.backend_id_from_cur(ctx, leaf)?;
+                let t = ctx.get(leaf)?;
+                let (b, c) = self.backend_id_from_cur(ctx, leaf, t)?;
                 self.set_bid(leaf, b, c);
             }
         }
@@ -940,22 +965,36 @@ impl Scheduler {
         // pass 2 expand only such assignments, and are skipped without one (one backend)
         let mut any_gpu = false;
         for &node in nodes {
+            let t = ctx.get(node)?;
             let mut b = self.bid(node);
             if b == -1 {
                 let c;
-                (b, c) = self.backend_id_from_cur(ctx, node)?;
+                (b, c) = self.backend_id_from_cur(ctx, node, t)?;
                 self.set_bid(node, b, c);
             }
             any_gpu |= b != -1 && b != n_b - 1;
+            if !t.op().is_view_op() {
+                compute_nodes.push(node);
+                bids.push(b);
+            }
         }
 
         Ok(any_gpu)
     }
 
     /// Pass 2: expand non-CPU backends down and up, then every backend down and up.
+    ///
+    /// `bids[k]` is the backend of `compute_nodes[k]`, kept in step with its slot.
     #[inline(never)]
-    fn pass2(&mut self, ctx: &Context, compute_nodes: &[TensorId], any_gpu: bool) {
+    fn pass2(
+        &mut self,
+        ctx: &Context,
+        compute_nodes: &[TensorId],
+        bids: &mut [i32],
+        any_gpu: bool,
+    ) {
         let n_b = self.backends.len() as i32;
+        let n = compute_nodes.len().min(bids.len());
         for only_gpu in [true, false] {
             if only_gpu && !any_gpu {
                 // every assigned node is on the last backend: these sweeps would set nothing
@@ -963,17 +1002,13 @@ impl Scheduler {
             }
             for up in [false, true] {
                 let mut cur: i32 = -1;
-                for k in 0..compute_nodes.len() {
-                    let node = if up {
-                        compute_nodes[compute_nodes.len() - 1 - k]
-                    } else {
-                        compute_nodes[k]
-                    };
-                    let b = self.bid(node);
+                for k in 0..n {
+                    let k = if up { n - 1 - k } else { k };
+                    let b = bids[k];
                     if b != -1 {
                         cur = if only_gpu && b == n_b - 1 { -1 } else { b };
-                    } else if cur != -1 {
-                        self.set_if_supported(ctx, node, cur);
+                    } else if cur != -1 && self.set_if_supported(ctx, compute_nodes[k], cur) {
+                        bids[k] = cur;
                     }
                 }
             }
@@ -982,12 +1017,13 @@ impl Scheduler {
 
     /// Pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
     /// nodes to a higher-priority backend with the same buffer type.
+    ///
+    /// `bids[k]` is the backend of `compute_nodes[k]` after pass 2.
     #[inline(never)]
-    fn pass3(&mut self, ctx: &Context, compute_nodes: &[TensorId]) -> Result<()> {
+    fn pass3(&mut self, ctx: &Context, compute_nodes: &[TensorId], bids: &[i32]) -> Result<()> {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
-        for &node in compute_nodes {
-            let b = self.bid(node);
+        for (&node, &b) in compute_nodes.iter().zip(bids) {
             if b == 0 {
                 // nothing to upgrade to
                 continue;
