@@ -1184,9 +1184,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let n_src = t.srcs_used().len();
-            let srcs = *t.srcs();
-            let srcs = &srcs[..n_src];
+            let srcs = t.srcs_used();
             let nb = self.bid(node);
             if nb < 0 {
                 return Err(SchedError::NoBackendForOp {
@@ -1227,6 +1225,16 @@ impl Scheduler {
                 cur = nb;
             }
 
+            // the common case: every source is on this split's backend and there are no
+            // pipeline copies, so nothing is copied or rewritten
+            if self.n_copies == 1 && srcs.iter().flatten().all(|&s| self.bid(s) == cur) {
+                i += 1;
+                continue;
+            }
+            // the context is changed below: work on a copy of the source slots
+            let n_src = srcs.len();
+            let srcs = *t.srcs();
+            let srcs = &srcs[..n_src];
             for (j, s) in srcs.iter().enumerate() {
                 let Some(src) = *s else { continue };
                 let sb = self.bid(src);
