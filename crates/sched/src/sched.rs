@@ -1339,11 +1339,21 @@ impl Scheduler {
                 n += 1;
             }
             let (start, end) = (self.splits[si].start, self.splits[si].end);
-            for &node in &graph.nodes()[start..end] {
-                self.node_ids[n] = self.bid(node);
-                self.alloc_graph.add_node(node)?;
-                n += 1;
+            let split_nodes = &graph.nodes()[start..end];
+            self.alloc_graph.extend_nodes(split_nodes)?;
+            let key_hi = u64::from(self.epoch) << 32;
+            let slots = &self.slots;
+            for (id, &node) in self.node_ids[n..n + split_nodes.len()]
+                .iter_mut()
+                .zip(split_nodes)
+            {
+                let key = key_hi | u64::from(node.generation());
+                *id = slots
+                    .get(node.index())
+                    .filter(|s| s.key == key)
+                    .map_or(-1, |s| s.backend);
             }
+            n += split_nodes.len();
         }
 
         let mut l = 0usize;
@@ -1375,10 +1385,16 @@ impl Scheduler {
                 }
             }
         }
-        for &leaf in graph.leafs() {
-            self.leaf_ids[l] = self.bid(leaf);
-            self.alloc_graph.add_leaf(leaf)?;
-            l += 1;
+        let leafs = graph.leafs();
+        self.alloc_graph.extend_leafs(leafs)?;
+        let key_hi = u64::from(self.epoch) << 32;
+        let slots = &self.slots;
+        for (id, &leaf) in self.leaf_ids[l..l + leafs.len()].iter_mut().zip(leafs) {
+            let key = key_hi | u64::from(leaf.generation());
+            *id = slots
+                .get(leaf.index())
+                .filter(|s| s.key == key)
+                .map_or(-1, |s| s.backend);
         }
         Ok(())
     }
