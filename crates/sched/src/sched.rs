@@ -1197,20 +1197,22 @@ impl Scheduler {
             let n_inputs = self.splits[i_split].inputs.len();
             if nb == cur && n_inputs > 0 {
                 for s in srcs.iter().flatten() {
+                    let sb = self.bid(*s);
+                    if sb == cur {
+                        // both checks below need a source on another backend
+                        continue;
+                    }
                     let st = ctx.get(*s)?;
                     if let Some(sst) = Self::own_storage(st)
                         && self.buffer_facts(sst).usage == Some(BufferUsage::Weights)
+                        && !self.buffer_supported(ctx, *s, cur as usize)
                     {
-                        let sb = self.bid(*s);
-                        if sb != cur && !self.buffer_supported(ctx, *s, cur as usize) {
-                            need_new_split = true;
-                            break;
-                        }
+                        need_new_split = true;
+                        break;
                     }
                     if n_inputs >= MAX_SPLIT_INPUTS {
-                        let sb = self.bid(*s);
                         let supported = self.buffer_supported(ctx, *s, cur as usize);
-                        if sb != cur && self.get_copy(*s, cur as usize, 0).is_none() && !supported {
+                        if self.get_copy(*s, cur as usize, 0).is_none() && !supported {
                             need_new_split = true;
                             break;
                         }
