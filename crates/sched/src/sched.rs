@@ -1194,14 +1194,18 @@ impl Scheduler {
             }
 
             let mut need_new_split = false;
+            // whether every source is known to be on `cur`
+            let mut srcs_on_cur = false;
             let n_inputs = self.splits[i_split].inputs.len();
             if nb == cur && n_inputs > 0 {
+                srcs_on_cur = true;
                 for s in srcs.iter().flatten() {
                     let sb = self.bid(*s);
                     if sb == cur {
                         // both checks below need a source on another backend
                         continue;
                     }
+                    srcs_on_cur = false;
                     let st = ctx.get(*s)?;
                     if let Some(sst) = Self::own_storage(st)
                         && self.buffer_facts(sst).usage == Some(BufferUsage::Weights)
@@ -1225,11 +1229,14 @@ impl Scheduler {
                 i_split += 1;
                 self.new_split(i_split, nb as usize, i);
                 cur = nb;
+                srcs_on_cur = false;
             }
 
             // the common case: every source is on this split's backend and there are no
             // pipeline copies, so nothing is copied or rewritten
-            if self.n_copies == 1 && srcs.iter().flatten().all(|&s| self.bid(s) == cur) {
+            if self.n_copies == 1
+                && (srcs_on_cur || srcs.iter().flatten().all(|&s| self.bid(s) == cur))
+            {
                 i += 1;
                 continue;
             }
