@@ -697,7 +697,7 @@ impl Scheduler {
     /// the tensor in the log).
     #[inline(always)]
     fn backend_from_facts(
-        &self,
+        devices: &[Device],
         ctx: &Context,
         facts: BufferFacts,
         st: &graph::TensorStorage,
@@ -707,7 +707,7 @@ impl Scheduler {
         let mut m = if facts.ours { facts.devices } else { 0 };
         while m != 0 {
             let i = m.trailing_zeros() as usize;
-            if self.devices[i].supports_op(ctx, op) {
+            if devices[i].supports_op(ctx, op) {
                 return i as i32;
             }
             m &= m - 1;
@@ -728,18 +728,20 @@ impl Scheduler {
         );
     }
 
-    /// `ggml_backend_sched_backend_id_from_cur` (`t` is `id`'s tensor).
+    /// `ggml_backend_sched_backend_id_from_cur` (`t` is `id`'s tensor; `memo` and `devices`
+    /// are the scheduler's, passed apart so that pass 1 can hold the tensor's slot).
     #[inline(always)]
     fn backend_id_from_cur(
-        &mut self,
+        memo: &mut BufferMemo,
+        devices: &[Device],
         ctx: &Context,
         id: TensorId,
         t: &Tensor,
     ) -> Result<(i32, Cause)> {
         let root = Self::root_storage(ctx, t);
         if let Some(st) = root {
-            let facts = self.buffer_facts(st);
-            let b = self.backend_from_facts(ctx, facts, st, t, id);
+            let facts = memo.facts(st, devices);
+            let b = Self::backend_from_facts(devices, ctx, facts, st, t, id);
             if b != -1 {
                 return Ok((b, Cause::Dst));
             }
@@ -751,8 +753,8 @@ impl Scheduler {
             if vt.view_src().is_some()
                 && let Some(vst) = Self::root_storage(ctx, vt)
             {
-                let facts = self.buffer_facts(vst);
-                let b = self.backend_from_facts(ctx, facts, vst, vt, id);
+                let facts = memo.facts(vst, devices);
+                let b = Self::backend_from_facts(devices, ctx, facts, vst, vt, id);
                 if b != -1 {
                     return Ok((b, Cause::ViewSrc));
                 }
@@ -767,28 +769,28 @@ impl Scheduler {
             });
         }
         if t.flags().contains(TensorFlags::INPUT) {
-            return Ok((self.backends.len() as i32 - 1, Cause::Input));
+            return Ok((devices.len() as i32 - 1, Cause::Input));
         }
         if t.op() == Op::Rope {
             // ROPE does not follow its weights: the seed skips every source of a ROPE
             return Ok((-1, Cause::None));
         }
-        let last = self.backends.len() as i32 - 1;
+        let last = devices.len() as i32 - 1;
         for (i, s) in t.srcs_used().iter().enumerate() {
             let Some(s) = *s else { continue };
             let src = ctx.get(s)?;
             let Some(st) = Self::own_storage(src) else {
                 continue;
             };
-            let facts = self.buffer_facts(st);
+            let facts = memo.facts(st, devices);
             if facts.usage != Some(BufferUsage::Weights) {
                 continue;
             }
             // `src` is no view (it has its own storage), so its buffer decides
-            let sb = self.backend_from_facts(ctx, facts, st, src, id);
+            let sb = Self::backend_from_facts(devices, ctx, facts, st, src, id);
             if sb == last && facts.host {
-                for b in 0..sb as usize {
-                    if self.devices[b].supports_op(ctx, id) && self.devices[b].offload_op(ctx, id) {
+                for (b, d) in devices[..sb as usize].iter().enumerate() {
+                    if d.supports_op(ctx, id) && d.offload_op(ctx, id) {
                         return Ok((b as i32, Cause::Offload));
                     }
                 }
@@ -937,6 +939,46 @@ impl Scheduler {
         self.build_alloc_graph(ctx, graph)
     }
 
+    /// Pass 1 for one tensor: `bid`, and when unassigned `backend_id_from_cur` then
+    /// `set_bid`, on one slot access (`slots`, `memo`, `devices` and `key_hi` are the
+    /// scheduler's, passed apart).
+    #[inline(always)]
+    fn assign(
+        slots: &mut Vec<Slot>,
+        memo: &mut BufferMemo,
+        devices: &[Device],
+        key_hi: u64,
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+    ) -> Result<i32> {
+        let key = key_hi | u64::from(id.generation());
+        let i = id.index();
+        if i >= slots.len() {
+            // grown as `slot_mut` does
+            let want = (i + 1).max(slots.len() * 2);
+            slots.resize(want, Slot::default());
+        }
+        let s = &mut slots[i];
+        let valid = s.key == key;
+        if valid && s.backend != -1 {
+            return Ok(s.backend);
+        }
+        let (b, c) = Self::backend_id_from_cur(memo, devices, ctx, id, t)?;
+        if !valid {
+            *s = Slot {
+                key,
+                backend: -1,
+                cause: Cause::None,
+                copies: NO_COPIES,
+                copies_epoch: 0,
+            };
+        }
+        s.backend = b;
+        s.cause = c;
+        Ok(b)
+    }
+
     /// Pass 1: pre-allocated tensors, inputs, ops on weights. Returns whether any node sits
     /// on a backend other than the last one.
     ///
@@ -954,24 +996,26 @@ impl Scheduler {
         let leafs = graph.leafs();
         let n_b = self.backends.len() as i32;
         // pass 1: pre-allocated tensors, inputs, ops on weights
+        // every tensor of the context gets a slot up front
+        let n_t = ctx.len();
+        if self.slots.len() < n_t {
+            let want = n_t.max(self.slots.len() * 2);
+            self.slots.resize(want, Slot::default());
+        }
+        let key_hi = u64::from(self.epoch) << 32;
+        let memo = &mut self.buffer_memo;
+        let devices = &self.devices[..];
+        let slots = &mut self.slots;
         for &leaf in leafs {
-            if self.bid(leaf) == -1 {
-                let t = ctx.get(leaf)?;
-                let (b, c) = self.backend_id_from_cur(ctx, leaf, t)?;
-                self.set_bid(leaf, b, c);
-            }
+            let t = ctx.get(leaf)?;
+            Self::assign(slots, memo, devices, key_hi, ctx, leaf, t)?;
         }
         // whether any node sits on a backend other than the last one: the first two sweeps of
         // pass 2 expand only such assignments, and are skipped without one (one backend)
         let mut any_gpu = false;
         for &node in nodes {
             let t = ctx.get(node)?;
-            let mut b = self.bid(node);
-            if b == -1 {
-                let c;
-                (b, c) = self.backend_id_from_cur(ctx, node, t)?;
-                self.set_bid(node, b, c);
-            }
+            let b = Self::assign(slots, memo, devices, key_hi, ctx, node, t)?;
             any_gpu |= b != -1 && b != n_b - 1;
             if !t.op().is_view_op() {
                 compute_nodes.push(node);
