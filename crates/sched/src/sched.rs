@@ -305,7 +305,9 @@ pub struct Scheduler {
     graph_inputs: Vec<TensorId>,
     rewrites: Vec<Rewrite>,
     rewritten: bool,
-    scratch: Vec<TensorId>,
+    /// Positions in the graph of the compute (non-view) nodes, listed by pass 1 for passes
+    /// 2, 3 and 5.
+    scratch: Vec<usize>,
     /// The backend of each of `scratch`'s compute nodes during passes 2 and 3 (a dense
     /// mirror of their slots, which the sweeps read without a slot lookup).
     scratch_bids: Vec<i32>,
@@ -829,9 +831,6 @@ impl Scheduler {
         }
     }
 
-    fn is_view_op(ctx: &Context, id: TensorId) -> bool {
-        ctx.get(id).is_ok_and(|t| t.op().is_view_op())
-    }
     // ---- rewrites of the caller's graph ----
 
     fn apply_rewrites(&mut self, ctx: &mut Context) {
@@ -911,24 +910,24 @@ impl Scheduler {
         self.buffer_memo.clear();
 
         // pass 1 also lists the compute (non-view) nodes and their backends for passes 2, 3
-        let mut compute_nodes = std::mem::take(&mut self.scratch);
+        let mut compute = std::mem::take(&mut self.scratch);
         let mut bids = std::mem::take(&mut self.scratch_bids);
-        compute_nodes.clear();
+        compute.clear();
         bids.clear();
         let r = self
-            .pass1(ctx, graph, &mut compute_nodes, &mut bids)
+            .pass1(ctx, graph, &mut compute, &mut bids)
             .and_then(|any_gpu| {
                 // pass 2: expand non-CPU backends down and up, then every backend down and up
-                self.pass2(ctx, &compute_nodes, &mut bids, any_gpu);
-                self.pass3(ctx, &compute_nodes, &bids)
+                let nodes = graph.nodes();
+                self.pass2(ctx, nodes, &compute, &mut bids, any_gpu);
+                self.pass3(ctx, nodes, &compute, &bids)?;
+                self.pass4(ctx, graph)?;
+                // pass 5: splits and input copies
+                self.pass5(ctx, graph, &compute)
             });
-        self.scratch = compute_nodes;
+        self.scratch = compute;
         self.scratch_bids = bids;
         r?;
-        self.pass4(ctx, graph)?;
-
-        // pass 5: splits and input copies
-        self.pass5(ctx, graph)?;
 
         if self.debug > 0 {
             let mut s = String::new();
@@ -982,14 +981,14 @@ impl Scheduler {
     /// Pass 1: pre-allocated tensors, inputs, ops on weights. Returns whether any node sits
     /// on a backend other than the last one.
     ///
-    /// The compute (non-view) nodes are appended to `compute_nodes` and their backends to
-    /// `bids`.
+    /// The positions of the compute (non-view) nodes are appended to `compute` and their
+    /// backends to `bids`.
     #[inline(never)]
     fn pass1(
         &mut self,
         ctx: &Context,
         graph: &Graph,
-        compute_nodes: &mut Vec<TensorId>,
+        compute: &mut Vec<usize>,
         bids: &mut Vec<i32>,
     ) -> Result<bool> {
         let nodes = graph.nodes();
@@ -1013,12 +1012,12 @@ impl Scheduler {
         // whether any node sits on a backend other than the last one: the first two sweeps of
         // pass 2 expand only such assignments, and are skipped without one (one backend)
         let mut any_gpu = false;
-        for &node in nodes {
+        for (pos, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             let b = Self::assign(slots, memo, devices, key_hi, ctx, node, t)?;
             any_gpu |= b != -1 && b != n_b - 1;
             if !t.op().is_view_op() {
-                compute_nodes.push(node);
+                compute.push(pos);
                 bids.push(b);
             }
         }
@@ -1028,17 +1027,19 @@ impl Scheduler {
 
     /// Pass 2: expand non-CPU backends down and up, then every backend down and up.
     ///
-    /// `bids[k]` is the backend of `compute_nodes[k]`, kept in step with its slot.
+    /// `bids[k]` is the backend of compute node `nodes[compute[k]]`, kept in step with its
+    /// slot.
     #[inline(never)]
     fn pass2(
         &mut self,
         ctx: &Context,
-        compute_nodes: &[TensorId],
+        nodes: &[TensorId],
+        compute: &[usize],
         bids: &mut [i32],
         any_gpu: bool,
     ) {
         let n_b = self.backends.len() as i32;
-        let n = compute_nodes.len().min(bids.len());
+        let n = compute.len().min(bids.len());
         for only_gpu in [true, false] {
             if only_gpu && !any_gpu {
                 // every assigned node is on the last backend: these sweeps would set nothing
@@ -1051,7 +1052,7 @@ impl Scheduler {
                     let b = bids[k];
                     if b != -1 {
                         cur = if only_gpu && b == n_b - 1 { -1 } else { b };
-                    } else if cur != -1 && self.set_if_supported(ctx, compute_nodes[k], cur) {
+                    } else if cur != -1 && self.set_if_supported(ctx, nodes[compute[k]], cur) {
                         bids[k] = cur;
                     }
                 }
@@ -1062,12 +1063,19 @@ impl Scheduler {
     /// Pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
     /// nodes to a higher-priority backend with the same buffer type.
     ///
-    /// `bids[k]` is the backend of `compute_nodes[k]` after pass 2.
+    /// `bids[k]` is the backend of compute node `nodes[compute[k]]` after pass 2.
     #[inline(never)]
-    fn pass3(&mut self, ctx: &Context, compute_nodes: &[TensorId], bids: &[i32]) -> Result<()> {
+    fn pass3(
+        &mut self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        compute: &[usize],
+        bids: &[i32],
+    ) -> Result<()> {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
-        for (&node, &b) in compute_nodes.iter().zip(bids) {
+        for (&pos, &b) in compute.iter().zip(bids) {
+            let node = nodes[pos];
             if b == 0 {
                 // nothing to upgrade to
                 continue;
@@ -1197,37 +1205,30 @@ impl Scheduler {
     }
 
     #[inline(never)]
-    fn pass5(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+    ///
+    /// `compute` holds the positions of the compute (non-view) nodes, from pass 1.
+    fn pass5(&mut self, ctx: &mut Context, graph: &Graph, compute: &[usize]) -> Result<()> {
         let nodes = graph.nodes();
         let mut i_split = 0usize;
         // the first split's backend: the first non-view node's (kept from the last plan when
         // every node is a view, as the seed does)
-        let mut i = 0;
         let mut first_backend = self.splits.first().map_or(0, |s| s.backend);
-        while i < nodes.len() {
-            if !Self::is_view_op(ctx, nodes[i]) {
-                let b = self.bid(nodes[i]);
-                if b < 0 {
-                    let t = &ctx[nodes[i]];
-                    return Err(SchedError::NoBackendForOp {
-                        tensor: t.name().to_owned(),
-                        op: t.op().name(),
-                    });
-                }
-                first_backend = b as usize;
-                break;
+        if let Some(&i) = compute.first() {
+            let b = self.bid(nodes[i]);
+            if b < 0 {
+                let t = ctx.get(nodes[i])?;
+                return Err(SchedError::NoBackendForOp {
+                    tensor: t.name().to_owned(),
+                    op: t.op().name(),
+                });
             }
-            i += 1;
+            first_backend = b as usize;
         }
         self.new_split(0, first_backend, 0);
         let mut cur = first_backend as i32;
-        while i < nodes.len() {
+        for &i in compute {
             let node = nodes[i];
             let t = ctx.get(node)?;
-            if t.op().is_view_op() {
-                i += 1;
-                continue;
-            }
             let srcs = t.srcs_used();
             let nb = self.bid(node);
             if nb < 0 {
@@ -1281,7 +1282,6 @@ impl Scheduler {
             if self.n_copies == 1
                 && (srcs_on_cur || srcs.iter().flatten().all(|&s| self.bid(s) == cur))
             {
-                i += 1;
                 continue;
             }
             // the context is changed below: work on a copy of the source slots
@@ -1346,7 +1346,6 @@ impl Scheduler {
                     });
                 }
             }
-            i += 1;
         }
         self.splits[i_split].end = nodes.len();
         self.n_splits = i_split + 1;
