@@ -97,6 +97,9 @@ impl std::fmt::Display for Cause {
 
 const NO_COPIES: u32 = u32::MAX;
 
+/// Pass 4's note for pass 5 on a compute node not settled on one backend with its sources.
+const UNSETTLED: i32 = i32::MIN;
+
 /// Per-tensor state, valid when `key` is `(epoch << 32) | generation` of the tensor asked
 /// about (an index reused after a context rewind carries another generation; epochs start at
 /// 1, so the empty key 0 never matches).
@@ -921,9 +924,9 @@ impl Scheduler {
                 let nodes = graph.nodes();
                 self.pass2(ctx, nodes, &compute, &mut bids, any_gpu);
                 self.pass3(ctx, nodes, &compute, &bids)?;
-                self.pass4(ctx, graph)?;
+                self.pass4(ctx, graph, &compute, &mut bids)?;
                 // pass 5: splits and input copies
-                self.pass5(ctx, graph, &compute)
+                self.pass5(ctx, graph, &compute, &bids)
             });
         self.scratch = compute;
         self.scratch_bids = bids;
@@ -1127,11 +1130,22 @@ impl Scheduler {
     }
 
     /// Pass 4: sources and views without a backend follow their root or their consumer.
+    ///
+    /// Also notes, for pass 5, each compute node (`nodes[compute[k]]`) whose backend and
+    /// sources' backends are settled and equal: `bids[k]` becomes that backend, else
+    /// [`UNSETTLED`]. Settled is final: pass 4 only assigns tensors without a backend.
     #[inline(never)]
-    fn pass4(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+    fn pass4(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        compute: &[usize],
+        bids: &mut [i32],
+    ) -> Result<()> {
         let nodes = graph.nodes();
+        let mut k = 0;
         // pass 4: sources and views without a backend follow their root or their consumer
-        for &node in nodes {
+        for (pos, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
             let mut cur = self.bid(node);
@@ -1144,22 +1158,34 @@ impl Scheduler {
                     cur = b;
                 }
             }
+            // every source ends this step on `cur` (and `cur` is a backend)
+            let mut settled = cur != -1;
             for s in srcs.iter().flatten() {
-                if self.bid(*s) == -1 {
+                let mut sb = self.bid(*s);
+                if sb == -1 {
                     match ctx.get(*s)?.view_src() {
                         Some(svs) => {
                             let b = self.bid(svs);
                             if b != -1 {
                                 self.set_bid(*s, b, Cause::FromViewSrc);
+                                sb = b;
                             }
                         }
                         None => {
                             if cur != -1 {
                                 self.set_bid(*s, cur, Cause::FromConsumer);
+                                sb = cur;
                             }
                         }
                     }
                 }
+                settled &= sb == cur;
+            }
+            if compute.get(k) == Some(&pos) {
+                if let Some(b) = bids.get_mut(k) {
+                    *b = if settled { cur } else { UNSETTLED };
+                }
+                k += 1;
             }
         }
 
@@ -1206,8 +1232,16 @@ impl Scheduler {
 
     #[inline(never)]
     ///
-    /// `compute` holds the positions of the compute (non-view) nodes, from pass 1.
-    fn pass5(&mut self, ctx: &mut Context, graph: &Graph, compute: &[usize]) -> Result<()> {
+    /// `compute` holds the positions of the compute (non-view) nodes, from pass 1, and
+    /// `bids` what pass 4 noted of them: a node settled on one backend with all its sources
+    /// needs no source check and no copy without pipeline copies.
+    fn pass5(
+        &mut self,
+        ctx: &mut Context,
+        graph: &Graph,
+        compute: &[usize],
+        bids: &[i32],
+    ) -> Result<()> {
         let nodes = graph.nodes();
         let mut i_split = 0usize;
         // the first split's backend: the first non-view node's (kept from the last plan when
@@ -1226,7 +1260,21 @@ impl Scheduler {
         }
         self.new_split(0, first_backend, 0);
         let mut cur = first_backend as i32;
-        for &i in compute {
+        for (k, &i) in compute.iter().enumerate() {
+            if self.n_copies == 1
+                && let Some(&nb) = bids.get(k)
+                && nb != UNSETTLED
+            {
+                // every source is on `nb`: the new-split check below finds nothing, and
+                // nothing is copied (the general path would decide the same)
+                if nb != cur {
+                    self.splits[i_split].end = i;
+                    i_split += 1;
+                    self.new_split(i_split, nb as usize, i);
+                    cur = nb;
+                }
+                continue;
+            }
             let node = nodes[i];
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
