@@ -293,6 +293,9 @@ pub struct Scheduler {
     /// Devices (bit = backend index) whose `supports_buft` accepts backend `i`'s compute
     /// buffer type; asked once at creation.
     backend_buft_devices: Vec<u16>,
+    /// Per backend: whether a higher-priority backend has the same compute buffer type
+    /// (pass 3 can upgrade a node only then).
+    upgradable: Vec<bool>,
     copy_table: Vec<Option<TensorId>>,
 
     node_ids: Vec<i32>,
@@ -408,6 +411,9 @@ impl Scheduler {
             .iter()
             .map(|buft| BufferMemo::devices_for(buft, &devices))
             .collect();
+        let upgradable = (0..bufts.len())
+            .map(|b| bufts[..b].contains(&bufts[b]))
+            .collect();
         let mut s = Scheduler {
             backends,
             devices,
@@ -427,6 +433,7 @@ impl Scheduler {
             slots: Vec::with_capacity(graph_size),
             buffer_memo: BufferMemo::default(),
             backend_buft_devices,
+            upgradable,
             copy_table: Vec::new(),
             node_ids: Vec::new(),
             leaf_ids: Vec::new(),
@@ -1079,7 +1086,7 @@ impl Scheduler {
         // nodes to a higher-priority backend with the same buffer type
         for (&pos, &b) in compute.iter().zip(bids) {
             let node = nodes[pos];
-            if b == 0 {
+            if b == 0 || (b > 0 && !self.upgradable.get(b as usize).copied().unwrap_or(false)) {
                 // nothing to upgrade to
                 continue;
             }
