@@ -264,6 +264,21 @@ impl Graph {
         Ok(())
     }
 
+    /// Append `ids` as nodes without touching the visited set or checking uniqueness (many
+    /// [`Graph::add_node`] calls with one capacity check). When they do not all fit, none is
+    /// added and the error is returned.
+    #[inline]
+    pub fn extend_nodes(&mut self, ids: &[TensorId]) -> Result<(), GraphError> {
+        if ids.len() > self.capacity.saturating_sub(self.nodes.len()) {
+            return Err(GraphError::GraphFull {
+                capacity: self.capacity,
+                what: "nodes",
+            });
+        }
+        self.nodes.extend_from_slice(ids);
+        Ok(())
+    }
+
     /// Append a leaf without touching the visited set (for builders that lay out their own
     /// graph, like the scheduler's allocation graph).
     #[inline]
@@ -275,6 +290,21 @@ impl Graph {
             });
         }
         self.leafs.push(id);
+        Ok(())
+    }
+
+    /// Append `ids` as leafs without touching the visited set (many [`Graph::add_leaf`]
+    /// calls with one capacity check). When they do not all fit, none is added and the
+    /// error is returned.
+    #[inline]
+    pub fn extend_leafs(&mut self, ids: &[TensorId]) -> Result<(), GraphError> {
+        if ids.len() > self.capacity.saturating_sub(self.leafs.len()) {
+            return Err(GraphError::GraphFull {
+                capacity: self.capacity,
+                what: "leafs",
+            });
+        }
+        self.leafs.extend_from_slice(ids);
         Ok(())
     }
 

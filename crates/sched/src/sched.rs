@@ -97,6 +97,9 @@ impl std::fmt::Display for Cause {
 
 const NO_COPIES: u32 = u32::MAX;
 
+/// Pass 4's note for pass 5 on a compute node not settled on one backend with its sources.
+const UNSETTLED: i32 = i32::MIN;
+
 /// Per-tensor state, valid when `key` is `(epoch << 32) | generation` of the tensor asked
 /// about (an index reused after a context rewind carries another generation; epochs start at
 /// 1, so the empty key 0 never matches).
@@ -290,6 +293,9 @@ pub struct Scheduler {
     /// Devices (bit = backend index) whose `supports_buft` accepts backend `i`'s compute
     /// buffer type; asked once at creation.
     backend_buft_devices: Vec<u16>,
+    /// Per backend: whether a higher-priority backend has the same compute buffer type
+    /// (pass 3 can upgrade a node only then).
+    upgradable: Vec<bool>,
     copy_table: Vec<Option<TensorId>>,
 
     node_ids: Vec<i32>,
@@ -305,7 +311,12 @@ pub struct Scheduler {
     graph_inputs: Vec<TensorId>,
     rewrites: Vec<Rewrite>,
     rewritten: bool,
-    scratch: Vec<TensorId>,
+    /// Positions in the graph of the compute (non-view) nodes, listed by pass 1 for passes
+    /// 2, 3 and 5.
+    scratch: Vec<usize>,
+    /// The backend of each of `scratch`'s compute nodes during passes 2 and 3 (a dense
+    /// mirror of their slots, which the sweeps read without a slot lookup).
+    scratch_bids: Vec<i32>,
 
     callback: Option<EvalCallback>,
 }
@@ -400,6 +411,9 @@ impl Scheduler {
             .iter()
             .map(|buft| BufferMemo::devices_for(buft, &devices))
             .collect();
+        let upgradable = (0..bufts.len())
+            .map(|b| bufts[..b].contains(&bufts[b]))
+            .collect();
         let mut s = Scheduler {
             backends,
             devices,
@@ -419,6 +433,7 @@ impl Scheduler {
             slots: Vec::with_capacity(graph_size),
             buffer_memo: BufferMemo::default(),
             backend_buft_devices,
+            upgradable,
             copy_table: Vec::new(),
             node_ids: Vec::new(),
             leaf_ids: Vec::new(),
@@ -433,6 +448,7 @@ impl Scheduler {
             rewrites: Vec::new(),
             rewritten: false,
             scratch: Vec::new(),
+            scratch_bids: Vec::new(),
             callback: None,
         };
         s.reset();
@@ -693,7 +709,7 @@ impl Scheduler {
     /// the tensor in the log).
     #[inline(always)]
     fn backend_from_facts(
-        &self,
+        devices: &[Device],
         ctx: &Context,
         facts: BufferFacts,
         st: &graph::TensorStorage,
@@ -703,7 +719,7 @@ impl Scheduler {
         let mut m = if facts.ours { facts.devices } else { 0 };
         while m != 0 {
             let i = m.trailing_zeros() as usize;
-            if self.devices[i].supports_op(ctx, op) {
+            if devices[i].supports_op(ctx, op) {
                 return i as i32;
             }
             m &= m - 1;
@@ -724,13 +740,20 @@ impl Scheduler {
         );
     }
 
-    /// `ggml_backend_sched_backend_id_from_cur`.
-    fn backend_id_from_cur(&mut self, ctx: &Context, id: TensorId) -> Result<(i32, Cause)> {
-        let t = ctx.get(id)?;
+    /// `ggml_backend_sched_backend_id_from_cur` (`t` is `id`'s tensor; `memo` and `devices`
+    /// are the scheduler's, passed apart so that pass 1 can hold the tensor's slot).
+    #[inline(always)]
+    fn backend_id_from_cur(
+        memo: &mut BufferMemo,
+        devices: &[Device],
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+    ) -> Result<(i32, Cause)> {
         let root = Self::root_storage(ctx, t);
         if let Some(st) = root {
-            let facts = self.buffer_facts(st);
-            let b = self.backend_from_facts(ctx, facts, st, t, id);
+            let facts = memo.facts(st, devices);
+            let b = Self::backend_from_facts(devices, ctx, facts, st, t, id);
             if b != -1 {
                 return Ok((b, Cause::Dst));
             }
@@ -742,8 +765,8 @@ impl Scheduler {
             if vt.view_src().is_some()
                 && let Some(vst) = Self::root_storage(ctx, vt)
             {
-                let facts = self.buffer_facts(vst);
-                let b = self.backend_from_facts(ctx, facts, vst, vt, id);
+                let facts = memo.facts(vst, devices);
+                let b = Self::backend_from_facts(devices, ctx, facts, vst, vt, id);
                 if b != -1 {
                     return Ok((b, Cause::ViewSrc));
                 }
@@ -758,28 +781,28 @@ impl Scheduler {
             });
         }
         if t.flags().contains(TensorFlags::INPUT) {
-            return Ok((self.backends.len() as i32 - 1, Cause::Input));
+            return Ok((devices.len() as i32 - 1, Cause::Input));
         }
         if t.op() == Op::Rope {
             // ROPE does not follow its weights: the seed skips every source of a ROPE
             return Ok((-1, Cause::None));
         }
-        let last = self.backends.len() as i32 - 1;
+        let last = devices.len() as i32 - 1;
         for (i, s) in t.srcs_used().iter().enumerate() {
             let Some(s) = *s else { continue };
             let src = ctx.get(s)?;
             let Some(st) = Self::own_storage(src) else {
                 continue;
             };
-            let facts = self.buffer_facts(st);
+            let facts = memo.facts(st, devices);
             if facts.usage != Some(BufferUsage::Weights) {
                 continue;
             }
             // `src` is no view (it has its own storage), so its buffer decides
-            let sb = self.backend_from_facts(ctx, facts, st, src, id);
+            let sb = Self::backend_from_facts(devices, ctx, facts, st, src, id);
             if sb == last && facts.host {
-                for b in 0..sb as usize {
-                    if self.devices[b].supports_op(ctx, id) && self.devices[b].offload_op(ctx, id) {
+                for (b, d) in devices[..sb as usize].iter().enumerate() {
+                    if d.supports_op(ctx, id) && d.offload_op(ctx, id) {
                         return Ok((b as i32, Cause::Offload));
                     }
                 }
@@ -808,15 +831,16 @@ impl Scheduler {
         devices & (1 << b) != 0
     }
 
-    fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: i32) {
+    /// Assign `node` to `cur` if its device runs the op; returns whether it did.
+    fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: i32) -> bool {
         if self.devices[cur as usize].supports_op(ctx, node) {
             self.set_bid(node, cur, Cause::Expand);
+            true
+        } else {
+            false
         }
     }
 
-    fn is_view_op(ctx: &Context, id: TensorId) -> bool {
-        ctx.get(id).is_ok_and(|t| t.op().is_view_op())
-    }
     // ---- rewrites of the caller's graph ----
 
     fn apply_rewrites(&mut self, ctx: &mut Context) {
@@ -895,23 +919,25 @@ impl Scheduler {
         // usages may have changed and buffers come and gone since the last split
         self.buffer_memo.clear();
 
-        let any_gpu = self.pass1(ctx, graph)?;
-        // pass 2: expand non-CPU backends down and up, then every backend down and up
-        let mut compute_nodes = std::mem::take(&mut self.scratch);
-        compute_nodes.clear();
-        for &n in graph.nodes() {
-            if !ctx.get(n)?.op().is_view_op() {
-                compute_nodes.push(n);
-            }
-        }
-        self.pass2(ctx, &compute_nodes, any_gpu);
-        let r = self.pass3(ctx, &compute_nodes);
-        self.scratch = compute_nodes;
+        // pass 1 also lists the compute (non-view) nodes and their backends for passes 2, 3
+        let mut compute = std::mem::take(&mut self.scratch);
+        let mut bids = std::mem::take(&mut self.scratch_bids);
+        compute.clear();
+        bids.clear();
+        let r = self
+            .pass1(ctx, graph, &mut compute, &mut bids)
+            .and_then(|any_gpu| {
+                // pass 2: expand non-CPU backends down and up, then every backend down and up
+                let nodes = graph.nodes();
+                self.pass2(ctx, nodes, &compute, &mut bids, any_gpu);
+                self.pass3(ctx, nodes, &compute, &bids)?;
+                self.pass4(ctx, graph, &compute, &mut bids)?;
+                // pass 5: splits and input copies
+                self.pass5(ctx, graph, &compute, &bids)
+            });
+        self.scratch = compute;
+        self.scratch_bids = bids;
         r?;
-        self.pass4(ctx, graph)?;
-
-        // pass 5: splits and input copies
-        self.pass5(ctx, graph)?;
 
         if self.debug > 0 {
             let mut s = String::new();
@@ -922,40 +948,108 @@ impl Scheduler {
         self.build_alloc_graph(ctx, graph)
     }
 
+    /// Pass 1 for one tensor: `bid`, and when unassigned `backend_id_from_cur` then
+    /// `set_bid`, on one slot access (`slots`, `memo`, `devices` and `key_hi` are the
+    /// scheduler's, passed apart).
+    #[inline(always)]
+    fn assign(
+        slots: &mut Vec<Slot>,
+        memo: &mut BufferMemo,
+        devices: &[Device],
+        key_hi: u64,
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+    ) -> Result<i32> {
+        let key = key_hi | u64::from(id.generation());
+        let i = id.index();
+        if i >= slots.len() {
+            // grown as `slot_mut` does
+            let want = (i + 1).max(slots.len() * 2);
+            slots.resize(want, Slot::default());
+        }
+        let s = &mut slots[i];
+        let valid = s.key == key;
+        if valid && s.backend != -1 {
+            return Ok(s.backend);
+        }
+        let (b, c) = Self::backend_id_from_cur(memo, devices, ctx, id, t)?;
+        if !valid {
+            *s = Slot {
+                key,
+                backend: -1,
+                cause: Cause::None,
+                copies: NO_COPIES,
+                copies_epoch: 0,
+            };
+        }
+        s.backend = b;
+        s.cause = c;
+        Ok(b)
+    }
+
     /// Pass 1: pre-allocated tensors, inputs, ops on weights. Returns whether any node sits
     /// on a backend other than the last one.
+    ///
+    /// The positions of the compute (non-view) nodes are appended to `compute` and their
+    /// backends to `bids`.
     #[inline(never)]
-    fn pass1(&mut self, ctx: &Context, graph: &Graph) -> Result<bool> {
+    fn pass1(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        compute: &mut Vec<usize>,
+        bids: &mut Vec<i32>,
+    ) -> Result<bool> {
         let nodes = graph.nodes();
         let leafs = graph.leafs();
         let n_b = self.backends.len() as i32;
         // pass 1: pre-allocated tensors, inputs, ops on weights
+        // every tensor of the context gets a slot up front
+        let n_t = ctx.len();
+        if self.slots.len() < n_t {
+            let want = n_t.max(self.slots.len() * 2);
+            self.slots.resize(want, Slot::default());
+        }
+        let key_hi = u64::from(self.epoch) << 32;
+        let memo = &mut self.buffer_memo;
+        let devices = &self.devices[..];
+        let slots = &mut self.slots;
         for &leaf in leafs {
-            if self.bid(leaf) == -1 {
-                let (b, c) = self.backend_id_from_cur(ctx, leaf)?;
-                self.set_bid(leaf, b, c);
-            }
+            let t = ctx.get(leaf)?;
+            Self::assign(slots, memo, devices, key_hi, ctx, leaf, t)?;
         }
         // whether any node sits on a backend other than the last one: the first two sweeps of
         // pass 2 expand only such assignments, and are skipped without one (one backend)
         let mut any_gpu = false;
-        for &node in nodes {
-            let mut b = self.bid(node);
-            if b == -1 {
-                let c;
-                (b, c) = self.backend_id_from_cur(ctx, node)?;
-                self.set_bid(node, b, c);
-            }
+        for (pos, &node) in nodes.iter().enumerate() {
+            let t = ctx.get(node)?;
+            let b = Self::assign(slots, memo, devices, key_hi, ctx, node, t)?;
             any_gpu |= b != -1 && b != n_b - 1;
+            if !t.op().is_view_op() {
+                compute.push(pos);
+                bids.push(b);
+            }
         }
 
         Ok(any_gpu)
     }
 
     /// Pass 2: expand non-CPU backends down and up, then every backend down and up.
+    ///
+    /// `bids[k]` is the backend of compute node `nodes[compute[k]]`, kept in step with its
+    /// slot.
     #[inline(never)]
-    fn pass2(&mut self, ctx: &Context, compute_nodes: &[TensorId], any_gpu: bool) {
+    fn pass2(
+        &mut self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        compute: &[usize],
+        bids: &mut [i32],
+        any_gpu: bool,
+    ) {
         let n_b = self.backends.len() as i32;
+        let n = compute.len().min(bids.len());
         for only_gpu in [true, false] {
             if only_gpu && !any_gpu {
                 // every assigned node is on the last backend: these sweeps would set nothing
@@ -963,17 +1057,13 @@ impl Scheduler {
             }
             for up in [false, true] {
                 let mut cur: i32 = -1;
-                for k in 0..compute_nodes.len() {
-                    let node = if up {
-                        compute_nodes[compute_nodes.len() - 1 - k]
-                    } else {
-                        compute_nodes[k]
-                    };
-                    let b = self.bid(node);
+                for k in 0..n {
+                    let k = if up { n - 1 - k } else { k };
+                    let b = bids[k];
                     if b != -1 {
                         cur = if only_gpu && b == n_b - 1 { -1 } else { b };
-                    } else if cur != -1 {
-                        self.set_if_supported(ctx, node, cur);
+                    } else if cur != -1 && self.set_if_supported(ctx, nodes[compute[k]], cur) {
+                        bids[k] = cur;
                     }
                 }
             }
@@ -982,13 +1072,21 @@ impl Scheduler {
 
     /// Pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
     /// nodes to a higher-priority backend with the same buffer type.
+    ///
+    /// `bids[k]` is the backend of compute node `nodes[compute[k]]` after pass 2.
     #[inline(never)]
-    fn pass3(&mut self, ctx: &Context, compute_nodes: &[TensorId]) -> Result<()> {
+    fn pass3(
+        &mut self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        compute: &[usize],
+        bids: &[i32],
+    ) -> Result<()> {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
-        for &node in compute_nodes {
-            let b = self.bid(node);
-            if b == 0 {
+        for (&pos, &b) in compute.iter().zip(bids) {
+            let node = nodes[pos];
+            if b == 0 || (b > 0 && !self.upgradable.get(b as usize).copied().unwrap_or(false)) {
                 // nothing to upgrade to
                 continue;
             }
@@ -1039,11 +1137,22 @@ impl Scheduler {
     }
 
     /// Pass 4: sources and views without a backend follow their root or their consumer.
+    ///
+    /// Also notes, for pass 5, each compute node (`nodes[compute[k]]`) whose backend and
+    /// sources' backends are settled and equal: `bids[k]` becomes that backend, else
+    /// [`UNSETTLED`]. Settled is final: pass 4 only assigns tensors without a backend.
     #[inline(never)]
-    fn pass4(&mut self, ctx: &Context, graph: &Graph) -> Result<()> {
+    fn pass4(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        compute: &[usize],
+        bids: &mut [i32],
+    ) -> Result<()> {
         let nodes = graph.nodes();
+        let mut k = 0;
         // pass 4: sources and views without a backend follow their root or their consumer
-        for &node in nodes {
+        for (pos, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
             let mut cur = self.bid(node);
@@ -1056,22 +1165,34 @@ impl Scheduler {
                     cur = b;
                 }
             }
+            // every source ends this step on `cur` (and `cur` is a backend)
+            let mut settled = cur != -1;
             for s in srcs.iter().flatten() {
-                if self.bid(*s) == -1 {
+                let mut sb = self.bid(*s);
+                if sb == -1 {
                     match ctx.get(*s)?.view_src() {
                         Some(svs) => {
                             let b = self.bid(svs);
                             if b != -1 {
                                 self.set_bid(*s, b, Cause::FromViewSrc);
+                                sb = b;
                             }
                         }
                         None => {
                             if cur != -1 {
                                 self.set_bid(*s, cur, Cause::FromConsumer);
+                                sb = cur;
                             }
                         }
                     }
                 }
+                settled &= sb == cur;
+            }
+            if compute.get(k) == Some(&pos) {
+                if let Some(b) = bids.get_mut(k) {
+                    *b = if settled { cur } else { UNSETTLED };
+                }
+                k += 1;
             }
         }
 
@@ -1117,40 +1238,53 @@ impl Scheduler {
     }
 
     #[inline(never)]
-    fn pass5(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+    ///
+    /// `compute` holds the positions of the compute (non-view) nodes, from pass 1, and
+    /// `bids` what pass 4 noted of them: a node settled on one backend with all its sources
+    /// needs no source check and no copy without pipeline copies.
+    fn pass5(
+        &mut self,
+        ctx: &mut Context,
+        graph: &Graph,
+        compute: &[usize],
+        bids: &[i32],
+    ) -> Result<()> {
         let nodes = graph.nodes();
         let mut i_split = 0usize;
         // the first split's backend: the first non-view node's (kept from the last plan when
         // every node is a view, as the seed does)
-        let mut i = 0;
         let mut first_backend = self.splits.first().map_or(0, |s| s.backend);
-        while i < nodes.len() {
-            if !Self::is_view_op(ctx, nodes[i]) {
-                let b = self.bid(nodes[i]);
-                if b < 0 {
-                    let t = &ctx[nodes[i]];
-                    return Err(SchedError::NoBackendForOp {
-                        tensor: t.name().to_owned(),
-                        op: t.op().name(),
-                    });
-                }
-                first_backend = b as usize;
-                break;
+        if let Some(&i) = compute.first() {
+            let b = self.bid(nodes[i]);
+            if b < 0 {
+                let t = ctx.get(nodes[i])?;
+                return Err(SchedError::NoBackendForOp {
+                    tensor: t.name().to_owned(),
+                    op: t.op().name(),
+                });
             }
-            i += 1;
+            first_backend = b as usize;
         }
         self.new_split(0, first_backend, 0);
         let mut cur = first_backend as i32;
-        while i < nodes.len() {
-            let node = nodes[i];
-            let t = ctx.get(node)?;
-            if t.op().is_view_op() {
-                i += 1;
+        for (k, &i) in compute.iter().enumerate() {
+            if self.n_copies == 1
+                && let Some(&nb) = bids.get(k)
+                && nb != UNSETTLED
+            {
+                // every source is on `nb`: the new-split check below finds nothing, and
+                // nothing is copied (the general path would decide the same)
+                if nb != cur {
+                    self.splits[i_split].end = i;
+                    i_split += 1;
+                    self.new_split(i_split, nb as usize, i);
+                    cur = nb;
+                }
                 continue;
             }
-            let n_src = t.srcs_used().len();
-            let srcs = *t.srcs();
-            let srcs = &srcs[..n_src];
+            let node = nodes[i];
+            let t = ctx.get(node)?;
+            let srcs = t.srcs_used();
             let nb = self.bid(node);
             if nb < 0 {
                 return Err(SchedError::NoBackendForOp {
@@ -1160,23 +1294,29 @@ impl Scheduler {
             }
 
             let mut need_new_split = false;
+            // whether every source is known to be on `cur`
+            let mut srcs_on_cur = false;
             let n_inputs = self.splits[i_split].inputs.len();
             if nb == cur && n_inputs > 0 {
+                srcs_on_cur = true;
                 for s in srcs.iter().flatten() {
+                    let sb = self.bid(*s);
+                    if sb == cur {
+                        // both checks below need a source on another backend
+                        continue;
+                    }
+                    srcs_on_cur = false;
                     let st = ctx.get(*s)?;
                     if let Some(sst) = Self::own_storage(st)
                         && self.buffer_facts(sst).usage == Some(BufferUsage::Weights)
+                        && !self.buffer_supported(ctx, *s, cur as usize)
                     {
-                        let sb = self.bid(*s);
-                        if sb != cur && !self.buffer_supported(ctx, *s, cur as usize) {
-                            need_new_split = true;
-                            break;
-                        }
+                        need_new_split = true;
+                        break;
                     }
                     if n_inputs >= MAX_SPLIT_INPUTS {
-                        let sb = self.bid(*s);
                         let supported = self.buffer_supported(ctx, *s, cur as usize);
-                        if sb != cur && self.get_copy(*s, cur as usize, 0).is_none() && !supported {
+                        if self.get_copy(*s, cur as usize, 0).is_none() && !supported {
                             need_new_split = true;
                             break;
                         }
@@ -1189,8 +1329,20 @@ impl Scheduler {
                 i_split += 1;
                 self.new_split(i_split, nb as usize, i);
                 cur = nb;
+                srcs_on_cur = false;
             }
 
+            // the common case: every source is on this split's backend and there are no
+            // pipeline copies, so nothing is copied or rewritten
+            if self.n_copies == 1
+                && (srcs_on_cur || srcs.iter().flatten().all(|&s| self.bid(s) == cur))
+            {
+                continue;
+            }
+            // the context is changed below: work on a copy of the source slots
+            let n_src = srcs.len();
+            let srcs = *t.srcs();
+            let srcs = &srcs[..n_src];
             for (j, s) in srcs.iter().enumerate() {
                 let Some(src) = *s else { continue };
                 let sb = self.bid(src);
@@ -1249,7 +1401,6 @@ impl Scheduler {
                     });
                 }
             }
-            i += 1;
         }
         self.splits[i_split].end = nodes.len();
         self.n_splits = i_split + 1;
@@ -1295,11 +1446,21 @@ impl Scheduler {
                 n += 1;
             }
             let (start, end) = (self.splits[si].start, self.splits[si].end);
-            for &node in &graph.nodes()[start..end] {
-                self.node_ids[n] = self.bid(node);
-                self.alloc_graph.add_node(node)?;
-                n += 1;
+            let split_nodes = &graph.nodes()[start..end];
+            self.alloc_graph.extend_nodes(split_nodes)?;
+            let key_hi = u64::from(self.epoch) << 32;
+            let slots = &self.slots;
+            for (id, &node) in self.node_ids[n..n + split_nodes.len()]
+                .iter_mut()
+                .zip(split_nodes)
+            {
+                let key = key_hi | u64::from(node.generation());
+                *id = slots
+                    .get(node.index())
+                    .filter(|s| s.key == key)
+                    .map_or(-1, |s| s.backend);
             }
+            n += split_nodes.len();
         }
 
         let mut l = 0usize;
@@ -1331,10 +1492,16 @@ impl Scheduler {
                 }
             }
         }
-        for &leaf in graph.leafs() {
-            self.leaf_ids[l] = self.bid(leaf);
-            self.alloc_graph.add_leaf(leaf)?;
-            l += 1;
+        let leafs = graph.leafs();
+        self.alloc_graph.extend_leafs(leafs)?;
+        let key_hi = u64::from(self.epoch) << 32;
+        let slots = &self.slots;
+        for (id, &leaf) in self.leaf_ids[l..l + leafs.len()].iter_mut().zip(leafs) {
+            let key = key_hi | u64::from(leaf.generation());
+            *id = slots
+                .get(leaf.index())
+                .filter(|s| s.key == key)
+                .map_or(-1, |s| s.backend);
         }
         Ok(())
     }
