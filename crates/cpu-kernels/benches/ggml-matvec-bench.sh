@@ -17,8 +17,9 @@
 # Cost: ~1 min download (76.6 MB), ~1-2 min build on 2 cores, `apt-get install cmake ninja-build`.
 set -euo pipefail
 
-SDIST_VERSION=0.3.36
-SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+# shellcheck source=.ci/ggml-sdist.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../.ci/ggml-sdist.sh"
+SDIST_SHA256=$GGML_SDIST_SHA256
 DIR=${GGML_MATVEC_DIR:-$HOME/.cache/ggml-matvec}
 if [[ $# -ge 1 && $1 != -- ]]; then DIR=$1; shift; fi
 [[ ${1:-} == -- ]] && shift
@@ -27,38 +28,12 @@ DIR=$(cd "$DIR" && pwd)
 BIN=$DIR/bin/ggml-matvec
 SRC=$DIR/driver/ggml_matvec.cpp
 
-if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
-    echo "installing cmake and ninja-build" >&2
-    SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo
-    $SUDO apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake ninja-build >&2
-fi
+ggml_build_tools
 
 mkdir -p "$DIR/dl" "$DIR/bin" "$DIR/driver"
 cd "$DIR"
 if [[ ! -f install/lib/libggml-cpu.a || $(cat .sdist-sha256 2>/dev/null) != "$SDIST_SHA256" ]]; then
-    TARBALL=dl/llama_cpp_python-$SDIST_VERSION.tar.gz
-    if [[ ! -f $TARBALL ]]; then
-        python3 -m pip download --no-deps --no-binary llama-cpp-python \
-            "llama-cpp-python==$SDIST_VERSION" -d dl >&2
-    fi
-    echo "$SDIST_SHA256  $TARBALL" | sha256sum -c - >&2
-    rm -rf "dl/llama_cpp_python-$SDIST_VERSION" ggml-src build install
-    tar xzf "$TARBALL" -C dl
-    cp -r "dl/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp/ggml" ggml-src
-    # The sdist omits ggml/ggml.pc.in, which ggml's standalone CMakeLists needs.
-    cat > ggml-src/ggml.pc.in <<'PC'
-prefix=@CMAKE_INSTALL_PREFIX@
-exec_prefix=${prefix}
-includedir=${prefix}/include
-libdir=${prefix}/lib
-
-Name: ggml
-Description: The GGML Tensor Library for Machine Learning
-Version: @GGML_VERSION@
-Cflags: -I${includedir}
-Libs: -L${libdir} -lggml
-PC
+    ggml_sdist_unpack "$DIR"
     # ggml's defaults (OpenMP if the compiler has it, no llamafile sgemm, no BLAS), tuned
     # for this CPU: the build a user of ggml gets by default.
     cmake -S ggml-src -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
