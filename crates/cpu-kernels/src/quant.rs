@@ -68,6 +68,21 @@ pub(crate) fn q8_col_bytes(k: usize) -> usize {
 /// Converting the scales and summing the quants once here keeps that work out of the inner
 /// loop, which dots every row of the weights against the same column.
 pub(crate) fn quantize_q8_col(x: &[f32], out: &mut [u8]) {
+    assert!(
+        out.len() >= q8_col_bytes(x.len()),
+        "quantize_q8_col: short output (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if x86::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); `out` is long enough
+        // (asserted above).
+        return unsafe { x86::quantize_q8_col_avx2(x, out) };
+    }
+    quantize_q8_col_scalar(x, out);
+}
+
+/// [`quantize_q8_col`] in portable code (the reference the AVX2 version must match).
+fn quantize_q8_col_scalar(x: &[f32], out: &mut [u8]) {
     let nb = x.len() / QK;
     let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
     let (ds, cs) = rest.split_at_mut(nb * 4);
@@ -518,6 +533,66 @@ mod x86 {
         join_halves(four(&p[..4]), four(&p[4..]))
     }
 
+    /// [`super::quantize_q8_col`] with AVX2, bit for bit: the same `max |x|`, division,
+    /// reciprocal and products in f32; the f16 rounding of the scale by F16C (round to
+    /// nearest even, as `half`); rounding half away from zero built from a truncation and
+    /// the exact remainder (`_mm256_round_ps` has no such mode); quants packed to bytes in
+    /// order. The portable version calls `roundf` per element, which made quantizing the
+    /// column a visible serial part of a thin product.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; `out` must hold `q8_col_bytes(x.len())` bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8_col_avx2(x: &[f32], out: &mut [u8]) {
+        let nb = x.len() / super::QK;
+        let (qs, rest) = out[..nb * (super::QK + 8)].split_at_mut(nb * super::QK);
+        let (ds, cs) = rest.split_at_mut(nb * 4);
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        let one = _mm256_set1_ps(1.0);
+        for (b, xb) in x.chunks_exact(super::QK).enumerate() {
+            // SAFETY: `xb` holds 32 floats: four loads of eight.
+            let v: [__m256; 4] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) });
+            let a = v.map(|v| _mm256_andnot_ps(sign, v));
+            let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let dh = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d));
+            let idv = _mm256_set1_ps(id);
+            let q = v.map(|v| {
+                let y = _mm256_mul_ps(v, idv);
+                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+                // |y − t| is exact (|y| ≤ 127 here); at least ½ rounds away from zero.
+                let up =
+                    _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(y, t)), half);
+                let step = _mm256_or_ps(_mm256_and_ps(y, sign), one);
+                _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, step)))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let sum = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b0100_1110>(sum));
+            let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b1011_0001>(sum)));
+            // Saturating packs interleave 128-bit lanes; the permute restores element order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: block b's 32 quant bytes are inside `qs` (nb blocks).
+            unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(32 * b).cast(), p) };
+            let df = _mm_cvtss_f32(_mm_cvtph_ps(dh));
+            ds[4 * b..4 * b + 4].copy_from_slice(&df.to_le_bytes());
+            cs[4 * b..4 * b + 4].copy_from_slice(&(8 * sum).to_le_bytes());
+        }
+    }
+
     /// Raw pointers to the three parts of a column packed by [`super::quantize_q8_col`].
     #[derive(Copy, Clone)]
     struct Col {
@@ -776,6 +851,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The SIMD column quantizer matches the portable one bit for bit, ties included.
+    #[test]
+    fn q8_col_levels_agree() {
+        let mut xs = values(13, 8 * QK);
+        // Block 1: max 127 so d = 1 and the values below are exact ties.
+        for (i, v) in xs[QK..2 * QK].iter_mut().enumerate() {
+            *v = [127.0, -127.0, 0.5, -0.5, 2.5, -3.5, 126.5, -0.0][i % 8] + 0.0 * i as f32;
+        }
+        // Block 2: all zero. Block 3: tiny values. Block 4: large values.
+        xs[2 * QK..3 * QK].fill(0.0);
+        xs[3 * QK..4 * QK].iter_mut().for_each(|v| *v *= 1e-30);
+        xs[4 * QK..5 * QK].iter_mut().for_each(|v| *v *= 1e30);
+        let mut want = vec![0u8; q8_col_bytes(xs.len())];
+        quantize_q8_col_scalar(&xs, &mut want);
+        let mut got = vec![0u8; q8_col_bytes(xs.len())];
+        quantize_q8_col(&xs, &mut got);
+        assert_eq!(got, want);
     }
 
     /// The packed column holds exactly what q8_0 quantization gives.
