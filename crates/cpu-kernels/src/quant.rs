@@ -324,9 +324,11 @@ pub(crate) fn dot_q4_0_q8_0_rows(isa: Isa, rows: [&[u8]; ROWS], col: &[u8]) -> [
 ///
 /// The quantized dots are written with intrinsics: nibbles are widened to bytes and
 /// multiplied with the column's signed bytes into i32 lanes (`maddubs` + `madd`, or VNNI's
-/// `dpbusd`), each block's exact integer sum is scaled by the two f16 block scales (converted
-/// with F16C inside these functions) and accumulated in f32. For q4_0 the nibbles stay
-/// unsigned (0..16) and `8 · Σ q8` is subtracted once per column block in integers.
+/// `dpbusd`), each block's exact integer sum is scaled by the two block scales (f16, converted
+/// with F16C inside these functions; the q4_0 kernels' column scales come as f32) and
+/// accumulated in f32. For q4_0 the nibbles stay
+/// unsigned (0..16) and `8 · Σ q8` (precomputed per column block) is subtracted in integers;
+/// eight rows' block sums share one vector (see `q4_rows8_kernel`).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86 {
     use std::arch::x86_64::*;
