@@ -648,7 +648,14 @@ impl Exec<'_> {
         // Dot-product path: pack src1 columns once (f32, or q8_0 for quantized weights).
         let quantized = a.ty.is_quantized();
         let ncols = n * n_batch;
-        let col_bytes = ElementType::Q8_0.row_size(k);
+        // q4_0 rows read the column in `quant`'s own layout (f32 scales, precomputed
+        // corrections), q8_0 rows as q8_0 blocks.
+        let q4 = a.ty == ElementType::Q4_0;
+        let col_bytes = if q4 {
+            quant::q8_col_bytes(k)
+        } else {
+            ElementType::Q8_0.row_size(k)
+        };
         if quantized {
             let tmp = grow(&mut self.scratch.thread[0].get_mut().a, k).to_vec();
             let mut tmp = tmp;
@@ -656,7 +663,12 @@ impl Exec<'_> {
             for c in 0..ncols {
                 let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
                 b.load_f32(0, j, i2, i3, &mut tmp);
-                quant::quantize_q8_0(&tmp, &mut packed[c * col_bytes..(c + 1) * col_bytes]);
+                let out = &mut packed[c * col_bytes..(c + 1) * col_bytes];
+                if q4 {
+                    quant::quantize_q8_col(&tmp, out);
+                } else {
+                    quant::quantize_q8_0(&tmp, out);
+                }
             }
         } else {
             let packed = grow(&mut self.scratch.shared_f32, ncols * k);

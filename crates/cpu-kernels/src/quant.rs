@@ -55,6 +55,52 @@ pub(crate) fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// Bytes of a column packed by [`quantize_q8_col`] for `k` elements (`k` a multiple of 32):
+/// per block 32 quants, an f32 scale and an i32 correction.
+pub(crate) fn q8_col_bytes(k: usize) -> usize {
+    k / QK * (QK + 8)
+}
+
+/// Quantize `x` (a multiple of 32 long) like [`quantize_q8_0`] (same quants, same f16-rounded
+/// scales) into the column layout the q4_0 dot products read: first every block's 32 quants,
+/// then every block's scale as a little-endian f32, then every block's `8 · Σ q` as a
+/// little-endian i32 (the q4_0 kernels multiply unsigned nibbles and subtract that).
+/// Converting the scales and summing the quants once here keeps that work out of the inner
+/// loop, which dots every row of the weights against the same column.
+pub(crate) fn quantize_q8_col(x: &[f32], out: &mut [u8]) {
+    assert!(
+        out.len() >= q8_col_bytes(x.len()),
+        "quantize_q8_col: short output (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if x86::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); `out` is long enough
+        // (asserted above).
+        return unsafe { x86::quantize_q8_col_avx2(x, out) };
+    }
+    quantize_q8_col_scalar(x, out);
+}
+
+/// [`quantize_q8_col`] in portable code (the reference the AVX2 version must match).
+fn quantize_q8_col_scalar(x: &[f32], out: &mut [u8]) {
+    let nb = x.len() / QK;
+    let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
+    let (ds, cs) = rest.split_at_mut(nb * 4);
+    let mut blk = [0u8; Q8_0_BYTES];
+    for (((xb, q), d), c) in x
+        .chunks_exact(QK)
+        .zip(qs.chunks_exact_mut(QK))
+        .zip(ds.chunks_exact_mut(4))
+        .zip(cs.chunks_exact_mut(4))
+    {
+        quantize_q8_0(xb, &mut blk);
+        q.copy_from_slice(&blk[2..]);
+        d.copy_from_slice(&scale(&blk).to_le_bytes());
+        let sum: i32 = blk[2..].iter().map(|&v| i32::from(v as i8)).sum();
+        c.copy_from_slice(&(8 * sum).to_le_bytes());
+    }
+}
+
 /// Quantize `x` to q4_0 like ggml's reference: `d = m / −8` where `m` is the element of
 /// largest magnitude (sign kept), `q = min(15, trunc(x / d + 8.5))`.
 pub(crate) fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
@@ -78,23 +124,33 @@ pub(crate) fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// Σ over blocks of `d_a · d_b · Σ q_a · q_b` for a q4_0 row and a q8_0 row (portable).
-#[inline(always)]
-fn dot_q4_0_q8_0_body(a: &[u8], b: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
-    for (x, y) in a.chunks_exact(Q4_0_BYTES).zip(b.chunks_exact(Q8_0_BYTES)) {
-        let mut qx = [0i8; QK];
-        for j in 0..QK / 2 {
-            qx[j] = (x[2 + j] & 0x0f) as i8 - 8;
-            qx[j + QK / 2] = (x[2 + j] >> 4) as i8 - 8;
-        }
+/// One q4_0 row against a [`quantize_q8_col`] column (portable), in exactly the operations
+/// and order of the SIMD kernels: per block the exact integer `Σ nibble · q − 8 · Σ q`, the
+/// scale product `d_x · d_y` rounded to f32, then a fused multiply-add into one of two
+/// accumulators (even blocks, odd blocks), added at the end. So every level gives the same
+/// bits.
+fn dot_q4_0_col_scalar(x: &[u8], col: &[u8]) -> f32 {
+    let nb = col.len() / (QK + 8);
+    let (qs, rest) = col.split_at(nb * QK);
+    let (ds, cs) = rest.split_at(nb * 4);
+    let mut acc = [0.0f32; 2];
+    for (b, (xb, q)) in x
+        .chunks_exact(Q4_0_BYTES)
+        .zip(qs.chunks_exact(QK))
+        .enumerate()
+        .take(nb)
+    {
         let mut s = 0i32;
-        for (&p, &q) in qx.iter().zip(&y[2..2 + QK]) {
-            s += i32::from(i16::from(p) * i16::from(q as i8));
+        for j in 0..QK / 2 {
+            s += i32::from(xb[2 + j] & 0x0f) * i32::from(q[j] as i8);
+            s += i32::from(xb[2 + j] >> 4) * i32::from(q[j + QK / 2] as i8);
         }
-        sum += s as f32 * (scale(x) * scale(y));
+        let c = i32::from_le_bytes([cs[4 * b], cs[4 * b + 1], cs[4 * b + 2], cs[4 * b + 3]]);
+        let dy = f32::from_le_bytes([ds[4 * b], ds[4 * b + 1], ds[4 * b + 2], ds[4 * b + 3]]);
+        let d = scale(xb) * dy;
+        acc[b % 2] = d.mul_add((s - c) as f32, acc[b % 2]);
     }
-    sum
+    acc[0] + acc[1]
 }
 
 /// Σ over blocks of `d_a · d_b · Σ q_a · q_b` for two q8_0 rows.
@@ -167,8 +223,10 @@ impl Isa {
 }
 
 /// q4_0 rows dotted together by [`dot_q4_0_q8_0_rows`]: the column block is loaded once per
-/// step and used for all of them, and the rows are streamed side by side.
-pub(crate) const ROWS: usize = 4;
+/// step and used for all of them, the rows are streamed side by side, and the eight rows'
+/// block sums end up in the eight lanes of one vector, so one conversion, one scale multiply
+/// and one FMA serve all of them (see the `x86` module).
+pub(crate) const ROWS: usize = 8;
 
 /// f32 rows dotted together by [`dot_f32_rows`]. Eight rather than four: a thin f32 product
 /// is bound by DRAM reads, and on Zen 3 a core pulls more bandwidth from eight streams read
@@ -233,29 +291,31 @@ fn dot_f32_rows_scalar(rows: [&[f32]; F32_ROWS], col: &[f32]) -> [f32; F32_ROWS]
     out
 }
 
-/// `out[r]` = the q4_0 row `rows[r]` dotted with the q8_0 column `col` (same block count).
+/// `out[r]` = the q4_0 row `rows[r]` dotted with the column `col` packed by
+/// [`quantize_q8_col`] (same block count).
 ///
-/// The integer sum of every block is exact, so all levels agree up to the order of the f32
-/// additions across blocks.
+/// The integer sum of every block is exact and all levels then do the same f32 operations in
+/// the same order (see [`dot_q4_0_col_scalar`]), so they agree bit for bit; a row's result
+/// depends only on that row and the column.
 pub(crate) fn dot_q4_0_q8_0_rows(isa: Isa, rows: [&[u8]; ROWS], col: &[u8]) -> [f32; ROWS] {
-    let nb = col.len() / Q8_0_BYTES;
+    let nb = col.len() / (QK + 8);
     assert!(
-        rows.iter().all(|r| r.len() >= nb * Q4_0_BYTES),
-        "dot_q4_0_q8_0_rows: short row (a kernel bug)"
+        col.len() == nb * (QK + 8) && rows.iter().all(|r| r.len() >= nb * Q4_0_BYTES),
+        "dot_q4_0_q8_0_rows: short row or column (a kernel bug)"
     );
     match isa {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         Isa::Avx512 if x86::has_avx512() => {
             // SAFETY: the CPU has the AVX-512 features (checked in the guard); every row has
-            // `nb` q4_0 blocks (asserted above) and `col` has `nb` q8_0 blocks.
-            unsafe { x86::dot_q4_0_q8_0_rows_vnni(rows, col) }
+            // `nb` q4_0 blocks and `col` is a packed column of `nb` blocks (asserted above).
+            unsafe { x86::dot_q4_0_col_rows8_vnni(rows, col) }
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         Isa::Avx2 | Isa::Avx512 if x86::has_avx2_fma_f16c() => {
             // SAFETY: the CPU has AVX2, FMA and F16C; block counts as above.
-            unsafe { x86::dot_q4_0_q8_0_rows_avx2(rows, col) }
+            unsafe { x86::dot_q4_0_col_rows8_avx2(rows, col) }
         }
-        _ => rows.map(|r| dot_q4_0_q8_0_body(&r[..nb * Q4_0_BYTES], col)),
+        _ => rows.map(|r| dot_q4_0_col_scalar(r, col)),
     }
 }
 
@@ -264,9 +324,11 @@ pub(crate) fn dot_q4_0_q8_0_rows(isa: Isa, rows: [&[u8]; ROWS], col: &[u8]) -> [
 ///
 /// The quantized dots are written with intrinsics: nibbles are widened to bytes and
 /// multiplied with the column's signed bytes into i32 lanes (`maddubs` + `madd`, or VNNI's
-/// `dpbusd`), each block's exact integer sum is scaled by the two f16 block scales (converted
-/// with F16C inside these functions) and accumulated in f32. For q4_0 the nibbles stay
-/// unsigned (0..16) and `8 · Σ q8` is subtracted once per column block in integers.
+/// `dpbusd`), each block's exact integer sum is scaled by the two block scales (f16, converted
+/// with F16C inside these functions; the q4_0 kernels' column scales come as f32) and
+/// accumulated in f32. For q4_0 the nibbles stay
+/// unsigned (0..16) and `8 · Σ q8` (precomputed per column block) is subtracted in integers;
+/// eight rows' block sums share one vector (see `q4_rows8_kernel`).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86 {
     use std::arch::x86_64::*;
@@ -386,21 +448,31 @@ mod x86 {
         out
     }
 
-    /// The f16 scales at byte `off` of four rows, as f32 lanes 0..4.
+    /// The f16 scales at byte `off` of eight rows, as f32 lanes 0..8.
     ///
     /// # Safety
     /// Bytes `off .. off + 2` of every row must be readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scales4(rp: &[*const u8; 4], off: usize) -> __m128 {
+    unsafe fn scales8(rp: &[*const u8; 8], off: usize) -> __m256 {
         // SAFETY: two bytes at `off` are readable in each row (caller's contract); unaligned
         // reads are allowed.
         let h = |j: usize| unsafe { rp[j].add(off).cast::<i16>().read_unaligned() };
-        _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
+        _mm256_cvtph_ps(_mm_setr_epi16(
+            h(0),
+            h(1),
+            h(2),
+            h(3),
+            h(4),
+            h(5),
+            h(6),
+            h(7),
+        ))
     }
 
-    /// The 32 unsigned nibbles (0..16) of the q4_0 block at `p + 2` as bytes: low nibbles
-    /// in the lower 16 bytes, high nibbles in the upper 16.
+    /// The 32 unsigned nibbles (0..16) of the q4_0 block at `p` as bytes: low nibbles in the
+    /// lower 16 bytes, high nibbles in the upper 16. The 16 bytes are loaded into both halves
+    /// and only the upper half shifted (a per-lane shift, no cross-lane shuffle).
     ///
     /// # Safety
     /// `p .. p + 18` must be readable.
@@ -408,78 +480,200 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn nibbles(p: *const u8) -> __m256i {
         // SAFETY: bytes 2..18 of the block are readable (caller's contract).
-        let q = unsafe { _mm_loadu_si128(p.add(2).cast()) };
-        let m4 = _mm_set1_epi8(0x0f);
-        let lo = _mm_and_si128(q, m4);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
-        _mm256_set_m128i(hi, lo)
+        let q = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.add(2).cast()) });
+        let shifted = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f))
     }
 
-    /// Four q4_0 rows against a q8_0 column with VNNI: `dpbusd` multiplies the unsigned
-    /// nibbles (0..16) by the signed column bytes; the `8 · Σ q8` correction is computed once
-    /// per column block and subtracted in integers, so each block's sum is exact.
-    ///
-    /// # Safety
-    /// The CPU must have the `has_avx512` features; every row must hold
-    /// `col.len() / 34` q4_0 blocks.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn dot_q4_0_q8_0_rows_vnni(rows: [&[u8]; 4], col: &[u8]) -> [f32; 4] {
-        let eights = _mm256_set1_epi8(8);
-        let zero = _mm256_setzero_si256();
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let rp = rows.map(<[u8]>::as_ptr);
-        for (b, y) in col.chunks_exact(super::Q8_0_BYTES).enumerate() {
-            let off = b * super::Q4_0_BYTES;
-            // SAFETY: `y` is a 34-byte block: bytes 2..34 are inside it.
-            let qy = unsafe { _mm256_loadu_si256(y.as_ptr().add(2).cast()) };
-            let corr = _mm256_dpbusd_epi32(zero, eights, qy);
-            let dy = _mm_set1_ps(h2f(y[0], y[1]));
-            // SAFETY: every row holds block b, whose first two bytes are its scale.
-            let d = _mm_mul_ps(unsafe { scales4(&rp, off) }, dy);
-            let mut ds = [0.0f32; 4];
-            // SAFETY: `ds` holds four floats.
-            unsafe { _mm_storeu_ps(ds.as_mut_ptr(), d) };
-            for j in 0..4 {
-                // SAFETY: row j holds block b (caller's contract): bytes off..off + 18.
-                let qx = unsafe { nibbles(rp[j].add(off)) };
-                let s = _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, qx, qy), corr);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(ds[j]), _mm256_cvtepi32_ps(s), acc[j]);
-            }
-        }
-        acc.map(|a| hsum(a))
-    }
-
-    /// [`dot_q4_0_q8_0_rows_vnni`] with `maddubs` + `madd` in place of `dpbusd` (the
-    /// products of unsigned nibbles and signed bytes fit in i16 pairs without saturation).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; block counts as for the VNNI version.
+    /// Lanes 0..4 of `lo` and of `hi` hold, per 128-bit half, rows 0..4 (of `lo`) and 4..8
+    /// (of `hi`) summed over one half of a block: add the halves so lane `j` is row `j`.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q4_0_q8_0_rows_avx2(rows: [&[u8]; 4], col: &[u8]) -> [f32; 4] {
-        let eights = _mm256_set1_epi8(8);
+    fn join_halves(lo: __m256i, hi: __m256i) -> __m256i {
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        )
+    }
+
+    /// Lane `j`: `Σ nibble · q` over block `off / 18` of row `j` and the column quants `qy`,
+    /// exact. `maddubs` gives pairs of products; two `hadd`s sum them to eight products per
+    /// i16 (at most 8 · 15 · 127 = 15240, so no i16 overflows: the column's quants are in
+    /// ±127) while packing four rows into one vector; `madd` with ones widens to i32.
+    ///
+    /// # Safety
+    /// Bytes `off .. off + 18` of every row must be readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_sums8_avx2(rp: &[*const u8; 8], off: usize, qy: __m256i) -> __m256i {
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let rp = rows.map(<[u8]>::as_ptr);
-        for (b, y) in col.chunks_exact(super::Q8_0_BYTES).enumerate() {
-            let off = b * super::Q4_0_BYTES;
-            // SAFETY: `y` is a 34-byte block: bytes 2..34 are inside it.
-            let qy = unsafe { _mm256_loadu_si256(y.as_ptr().add(2).cast()) };
-            let corr = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, qy), ones);
-            let dy = _mm_set1_ps(h2f(y[0], y[1]));
-            // SAFETY: every row holds block b, whose first two bytes are its scale.
-            let d = _mm_mul_ps(unsafe { scales4(&rp, off) }, dy);
-            let mut ds = [0.0f32; 4];
-            // SAFETY: `ds` holds four floats.
-            unsafe { _mm_storeu_ps(ds.as_mut_ptr(), d) };
-            for j in 0..4 {
-                // SAFETY: row j holds block b (caller's contract): bytes off..off + 18.
-                let qx = unsafe { nibbles(rp[j].add(off)) };
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones);
-                let s = _mm256_sub_epi32(p, corr);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(ds[j]), _mm256_cvtepi32_ps(s), acc[j]);
+        // SAFETY: row j holds the block at `off` (caller's contract).
+        let x: [__m256i; 8] = std::array::from_fn(|j| unsafe { nibbles(rp[j].add(off)) });
+        let p = x.map(|x| _mm256_maddubs_epi16(x, qy));
+        let four = |p: &[__m256i]| {
+            let h = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+            _mm256_madd_epi16(h, ones)
+        };
+        join_halves(four(&p[..4]), four(&p[4..]))
+    }
+
+    /// [`block_sums8_avx2`] with VNNI: `dpbusd` sums four products per i32 lane, two
+    /// `hadd`s pack four rows per vector.
+    ///
+    /// # Safety
+    /// As for [`block_sums8_avx2`]; the CPU must have the `has_avx512` features.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn block_sums8_vnni(rp: &[*const u8; 8], off: usize, qy: __m256i) -> __m256i {
+        let zero = _mm256_setzero_si256();
+        // SAFETY: row j holds the block at `off` (caller's contract).
+        let x: [__m256i; 8] = std::array::from_fn(|j| unsafe { nibbles(rp[j].add(off)) });
+        let p = x.map(|x| _mm256_dpbusd_epi32(zero, x, qy));
+        let four = |p: &[__m256i]| {
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]))
+        };
+        join_halves(four(&p[..4]), four(&p[4..]))
+    }
+
+    /// [`super::quantize_q8_col`] with AVX2, bit for bit: the same `max |x|`, division,
+    /// reciprocal and products in f32; the f16 rounding of the scale by F16C (round to
+    /// nearest even, as `half`); rounding half away from zero built from a truncation and
+    /// the exact remainder (`_mm256_round_ps` has no such mode); quants packed to bytes in
+    /// order. The portable version calls `roundf` per element, which made quantizing the
+    /// column a visible serial part of a thin product.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; `out` must hold `q8_col_bytes(x.len())` bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8_col_avx2(x: &[f32], out: &mut [u8]) {
+        let nb = x.len() / super::QK;
+        let (qs, rest) = out[..nb * (super::QK + 8)].split_at_mut(nb * super::QK);
+        let (ds, cs) = rest.split_at_mut(nb * 4);
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        let one = _mm256_set1_ps(1.0);
+        for (b, xb) in x.chunks_exact(super::QK).enumerate() {
+            // SAFETY: `xb` holds 32 floats: four loads of eight.
+            let v: [__m256; 4] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) });
+            let a = v.map(|v| _mm256_andnot_ps(sign, v));
+            let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let dh = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d));
+            let idv = _mm256_set1_ps(id);
+            let q = v.map(|v| {
+                let y = _mm256_mul_ps(v, idv);
+                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+                // |y − t| is exact (|y| ≤ 127 here); at least ½ rounds away from zero.
+                let up =
+                    _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(y, t)), half);
+                let step = _mm256_or_ps(_mm256_and_ps(y, sign), one);
+                _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, step)))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let sum = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b0100_1110>(sum));
+            let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b1011_0001>(sum)));
+            // Saturating packs interleave 128-bit lanes; the permute restores element order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: block b's 32 quant bytes are inside `qs` (nb blocks).
+            unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(32 * b).cast(), p) };
+            let df = _mm_cvtss_f32(_mm_cvtph_ps(dh));
+            ds[4 * b..4 * b + 4].copy_from_slice(&df.to_le_bytes());
+            cs[4 * b..4 * b + 4].copy_from_slice(&(8 * sum).to_le_bytes());
+        }
+    }
+
+    /// Raw pointers to the three parts of a column packed by [`super::quantize_q8_col`].
+    #[derive(Copy, Clone)]
+    struct Col {
+        qs: *const u8,
+        ds: *const u8,
+        cs: *const u8,
+    }
+
+    impl Col {
+        /// The parts of `col`, which holds `nb` blocks.
+        fn new(col: &[u8], nb: usize) -> Col {
+            let (qs, rest) = col.split_at(nb * super::QK);
+            let (ds, cs) = rest.split_at(nb * 4);
+            Col {
+                qs: qs.as_ptr(),
+                ds: ds.as_ptr(),
+                cs: cs.as_ptr(),
             }
         }
-        acc.map(|a| hsum(a))
+    }
+
+    /// Eight q4_0 rows against a packed column: lane `j` of the accumulators is row `j`.
+    /// Per block, the eight exact integer sums (`$sums`) minus the column's `8 · Σ q` are
+    /// converted once and multiplied by the eight row scales (one F16C conversion) times the
+    /// column scale, with one FMA; even and odd blocks go to two accumulators (two FMA
+    /// chains), added at the end. The portable `dot_q4_0_col_scalar` does the same.
+    macro_rules! q4_rows8_kernel {
+        ($rows:expr, $col:expr, $sums:ident) => {{
+            let col: &[u8] = $col;
+            let nb = col.len() / (super::QK + 8);
+            let rp = $rows.map(<[u8]>::as_ptr);
+            let c = Col::new(col, nb);
+            let step = |b: usize, acc: __m256| -> __m256 {
+                // SAFETY: block b < nb exists in every row (caller's contract) and in the
+                // column: quants at 32·b, scale at 4·b, correction at 4·b of their parts.
+                unsafe {
+                    let qy = _mm256_loadu_si256(c.qs.add(32 * b).cast());
+                    let corr = _mm256_set1_epi32(c.cs.add(4 * b).cast::<i32>().read_unaligned());
+                    let s = _mm256_sub_epi32($sums(&rp, b * super::Q4_0_BYTES, qy), corr);
+                    let dy = _mm256_set1_ps(c.ds.add(4 * b).cast::<f32>().read_unaligned());
+                    let d = _mm256_mul_ps(scales8(&rp, b * super::Q4_0_BYTES), dy);
+                    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc)
+                }
+            };
+            let mut even = _mm256_setzero_ps();
+            let mut odd = _mm256_setzero_ps();
+            let mut b = 0;
+            while b + 2 <= nb {
+                even = step(b, even);
+                odd = step(b + 1, odd);
+                b += 2;
+            }
+            if b < nb {
+                even = step(b, even);
+            }
+            let mut out = [0.0f32; 8];
+            // SAFETY: `out` holds eight floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(even, odd)) };
+            out
+        }};
+    }
+
+    /// Eight q4_0 rows against a packed column with AVX2 (see [`q4_rows8_kernel`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; `col` must be a packed column of `nb` blocks
+    /// (`col.len() == nb · 40`) and every row must hold `nb` q4_0 blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_0_col_rows8_avx2(rows: [&[u8]; 8], col: &[u8]) -> [f32; 8] {
+        q4_rows8_kernel!(rows, col, block_sums8_avx2)
+    }
+
+    /// [`dot_q4_0_col_rows8_avx2`] with VNNI's `dpbusd` for the block sums.
+    ///
+    /// # Safety
+    /// The CPU must have the `has_avx512` features; `col` and rows as for the AVX2 version.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_q4_0_col_rows8_vnni(rows: [&[u8]; 8], col: &[u8]) -> [f32; 8] {
+        q4_rows8_kernel!(rows, col, block_sums8_vnni)
     }
 
     #[inline]
@@ -614,22 +808,27 @@ mod tests {
         let nbs: &[usize] = if cfg!(miri) { &[1, 3] } else { &[1, 2, 7, 128] };
         for &nb in nbs {
             let k = nb * QK;
-            let mut col = vec![0u8; nb * Q8_0_BYTES];
-            quantize_q8_0(&values(7, k), &mut col);
+            // Extreme bytes in the first column block: ±1 alternating quantize to ±127.
+            let mut xs = values(7, k);
+            xs[..QK].iter_mut().enumerate().for_each(|(i, v)| {
+                *v = if i % 2 == 0 { 1.0 } else { -1.0 };
+            });
+            let mut col = vec![0u8; q8_col_bytes(k)];
+            quantize_q8_col(&xs, &mut col);
+            let mut col_q8 = vec![0u8; nb * Q8_0_BYTES];
+            quantize_q8_0(&xs, &mut col_q8);
             let mut rows = vec![vec![0u8; nb * Q4_0_BYTES]; ROWS];
             for (j, r) in rows.iter_mut().enumerate() {
                 quantize_q4_0(&values(j as u64 + 20, k), r);
             }
-            // Extreme nibbles and bytes in the first block: all 0x0f/0xf0 against ±127.
+            // Extreme nibbles in the first block: all 0x0f/0xf0, all zero.
             rows[0][2..18].fill(0xff);
             rows[1][2..18].fill(0x00);
-            col[2..34].iter_mut().enumerate().for_each(|(i, b)| {
-                *b = if i % 2 == 0 { 127 } else { (-127i8) as u8 };
-            });
             // The reference: dequantize both sides and sum in f64.
             let mut y = vec![0.0f32; k];
-            dequantize_q8_0(&col, &mut y);
+            dequantize_q8_0(&col_q8, &mut y);
             let rr: [&[u8]; ROWS] = std::array::from_fn(|j| &rows[j][..]);
+            let scalar = dot_q4_0_q8_0_rows(Isa::Scalar, rr, &col);
             for isa in Isa::available() {
                 let got = dot_q4_0_q8_0_rows(isa, rr, &col);
                 for j in 0..ROWS {
@@ -643,13 +842,54 @@ mod tests {
                         "{isa:?} nb={nb} row {j}: {} vs {want}",
                         got[j]
                     );
+                    // Levels do the same f32 operations on the same exact block sums.
+                    assert_eq!(got[j].to_bits(), scalar[j].to_bits(), "{isa:?} row {j}");
                 }
-                // Levels sum the same exact block integers: they agree closely.
-                let scalar = dot_q4_0_q8_0_rows(Isa::Scalar, rr, &col);
+                // A row's result does not depend on the other rows of the call.
+                let rot: [&[u8]; ROWS] = std::array::from_fn(|j| &rows[(j + 3) % ROWS][..]);
+                let r = dot_q4_0_q8_0_rows(isa, rot, &col);
                 for j in 0..ROWS {
-                    assert!((got[j] - scalar[j]).abs() <= 1e-5 * scalar[j].abs().max(1.0));
+                    assert_eq!(r[j].to_bits(), got[(j + 3) % ROWS].to_bits());
                 }
             }
+        }
+    }
+
+    /// The SIMD column quantizer matches the portable one bit for bit, ties included.
+    #[test]
+    fn q8_col_levels_agree() {
+        let mut xs = values(13, 8 * QK);
+        // Block 1: max 127 so d = 1 and the values below are exact ties.
+        for (i, v) in xs[QK..2 * QK].iter_mut().enumerate() {
+            *v = [127.0, -127.0, 0.5, -0.5, 2.5, -3.5, 126.5, -0.0][i % 8] + 0.0 * i as f32;
+        }
+        // Block 2: all zero. Block 3: tiny values. Block 4: large values.
+        xs[2 * QK..3 * QK].fill(0.0);
+        xs[3 * QK..4 * QK].iter_mut().for_each(|v| *v *= 1e-30);
+        xs[4 * QK..5 * QK].iter_mut().for_each(|v| *v *= 1e30);
+        let mut want = vec![0u8; q8_col_bytes(xs.len())];
+        quantize_q8_col_scalar(&xs, &mut want);
+        let mut got = vec![0u8; q8_col_bytes(xs.len())];
+        quantize_q8_col(&xs, &mut got);
+        assert_eq!(got, want);
+    }
+
+    /// The packed column holds exactly what q8_0 quantization gives.
+    #[test]
+    fn q8_col_matches_q8_0() {
+        let nb = 5;
+        let xs = values(11, nb * QK);
+        let mut q8 = vec![0u8; nb * Q8_0_BYTES];
+        quantize_q8_0(&xs, &mut q8);
+        let mut col = vec![0u8; q8_col_bytes(xs.len())];
+        quantize_q8_col(&xs, &mut col);
+        for (b, blk) in q8.chunks_exact(Q8_0_BYTES).enumerate() {
+            assert_eq!(&col[b * QK..(b + 1) * QK], &blk[2..]);
+            let d = &col[nb * QK + 4 * b..nb * QK + 4 * b + 4];
+            assert_eq!(f32::from_le_bytes(d.try_into().unwrap()), scale(blk));
+            let c = &col[nb * (QK + 4) + 4 * b..nb * (QK + 4) + 4 * b + 4];
+            let sum: i32 = blk[2..].iter().map(|&v| i32::from(v as i8)).sum();
+            assert_eq!(i32::from_le_bytes(c.try_into().unwrap()), 8 * sum);
         }
     }
 }
