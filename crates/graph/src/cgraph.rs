@@ -267,6 +267,21 @@ impl Graph {
     /// Append `ids` as nodes without touching the visited set or checking uniqueness (many
     /// [`Graph::add_node`] calls with one capacity check). When they do not all fit, none is
     /// added and the error is returned.
+    ///
+    /// ```
+    /// use graph::{Context, ElementType, Graph, GraphError};
+    /// let mut ctx = Context::new();
+    /// let a = ctx.new_tensor_1d(ElementType::F32, 4)?;
+    /// let b = ctx.sqr(a)?;
+    /// let c = ctx.sqr(b)?;
+    /// let mut g = Graph::new(2);
+    /// g.extend_nodes(&[b, c])?;
+    /// assert_eq!(g.nodes(), &[b, c]);
+    /// // a third node does not fit: nothing is added
+    /// assert!(matches!(g.extend_nodes(&[a]), Err(GraphError::GraphFull { .. })));
+    /// assert_eq!(g.n_nodes(), 2);
+    /// # Ok::<(), GraphError>(())
+    /// ```
     #[inline]
     pub fn extend_nodes(&mut self, ids: &[TensorId]) -> Result<(), GraphError> {
         if ids.len() > self.capacity.saturating_sub(self.nodes.len()) {
