@@ -115,6 +115,45 @@ struct Slot {
     copies_epoch: u32,
 }
 
+impl Slot {
+    /// The key of `t`'s slot in the epoch whose key bits are `key_hi` (`epoch << 32`).
+    #[inline(always)]
+    fn key_of(key_hi: u64, t: TensorId) -> u64 {
+        key_hi | u64::from(t.generation())
+    }
+
+    /// A slot for the tensor with `key`, with no backend and no copies.
+    #[inline(always)]
+    fn fresh(key: u64) -> Slot {
+        Slot {
+            key,
+            backend: -1,
+            cause: Cause::None,
+            copies: NO_COPIES,
+            copies_epoch: 0,
+        }
+    }
+
+    /// Make `slots` hold index `i` (doubling, so growth is amortised).
+    #[inline(always)]
+    fn reserve_index(slots: &mut Vec<Slot>, i: usize) {
+        if i >= slots.len() {
+            let want = (i + 1).max(slots.len() * 2);
+            slots.resize(want, Slot::default());
+        }
+    }
+
+    /// The backend of `t` in `slots` (-1 when its slot is not current).
+    #[inline(always)]
+    fn backend_in(slots: &[Slot], key_hi: u64, t: TensorId) -> i32 {
+        let key = Self::key_of(key_hi, t);
+        slots
+            .get(t.index())
+            .filter(|s| s.key == key)
+            .map_or(-1, |s| s.backend)
+    }
+}
+
 /// What one buffer tells the passes: its usage and which devices read its buffer type.
 #[derive(Copy, Clone, Debug, Default)]
 struct BufferFacts {
@@ -550,7 +589,7 @@ impl Scheduler {
 
     #[inline]
     fn key(&self, t: TensorId) -> u64 {
-        (u64::from(self.epoch) << 32) | u64::from(t.generation())
+        Slot::key_of(u64::from(self.epoch) << 32, t)
     }
 
     #[inline]
@@ -561,20 +600,11 @@ impl Scheduler {
 
     fn slot_mut(&mut self, t: TensorId) -> &mut Slot {
         let i = t.index();
-        if i >= self.slots.len() {
-            let want = (i + 1).max(self.slots.len() * 2);
-            self.slots.resize(want, Slot::default());
-        }
+        Slot::reserve_index(&mut self.slots, i);
         let key = self.key(t);
         let s = &mut self.slots[i];
         if s.key != key {
-            *s = Slot {
-                key,
-                backend: -1,
-                cause: Cause::None,
-                copies: NO_COPIES,
-                copies_epoch: 0,
-            };
+            *s = Slot::fresh(key);
         }
         s
     }
@@ -961,13 +991,9 @@ impl Scheduler {
         id: TensorId,
         t: &Tensor,
     ) -> Result<i32> {
-        let key = key_hi | u64::from(id.generation());
+        let key = Slot::key_of(key_hi, id);
         let i = id.index();
-        if i >= slots.len() {
-            // grown as `slot_mut` does
-            let want = (i + 1).max(slots.len() * 2);
-            slots.resize(want, Slot::default());
-        }
+        Slot::reserve_index(slots, i);
         let s = &mut slots[i];
         let valid = s.key == key;
         if valid && s.backend != -1 {
@@ -975,13 +1001,7 @@ impl Scheduler {
         }
         let (b, c) = Self::backend_id_from_cur(memo, devices, ctx, id, t)?;
         if !valid {
-            *s = Slot {
-                key,
-                backend: -1,
-                cause: Cause::None,
-                copies: NO_COPIES,
-                copies_epoch: 0,
-            };
+            *s = Slot::fresh(key);
         }
         s.backend = b;
         s.cause = c;
@@ -1006,10 +1026,8 @@ impl Scheduler {
         let n_b = self.backends.len() as i32;
         // pass 1: pre-allocated tensors, inputs, ops on weights
         // every tensor of the context gets a slot up front
-        let n_t = ctx.len();
-        if self.slots.len() < n_t {
-            let want = n_t.max(self.slots.len() * 2);
-            self.slots.resize(want, Slot::default());
+        if let Some(last) = ctx.len().checked_sub(1) {
+            Slot::reserve_index(&mut self.slots, last);
         }
         let key_hi = u64::from(self.epoch) << 32;
         let memo = &mut self.buffer_memo;
@@ -1454,11 +1472,7 @@ impl Scheduler {
                 .iter_mut()
                 .zip(split_nodes)
             {
-                let key = key_hi | u64::from(node.generation());
-                *id = slots
-                    .get(node.index())
-                    .filter(|s| s.key == key)
-                    .map_or(-1, |s| s.backend);
+                *id = Slot::backend_in(slots, key_hi, node);
             }
             n += split_nodes.len();
         }
@@ -1497,11 +1511,7 @@ impl Scheduler {
         let key_hi = u64::from(self.epoch) << 32;
         let slots = &self.slots;
         for (id, &leaf) in self.leaf_ids[l..l + leafs.len()].iter_mut().zip(leafs) {
-            let key = key_hi | u64::from(leaf.generation());
-            *id = slots
-                .get(leaf.index())
-                .filter(|s| s.key == key)
-                .map_or(-1, |s| s.backend);
+            *id = Slot::backend_in(slots, key_hi, leaf);
         }
         Ok(())
     }
