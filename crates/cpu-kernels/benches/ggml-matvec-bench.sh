@@ -11,8 +11,11 @@
 #     ggml-matvec [ITERS] [THREADS]      (defaults 200 and 2)
 #   which prints one line per case: `NAME MIN_NS GFLOP/s MEAN_NS`: the fastest single call
 #   (what benches/kernels.rs reports with BENCH_MIN=1) and the mean of the best of 5 rounds
-#   of ITERS calls (after a warm-up round; ITERS/8 for the x32 shapes). Cases: f32_4096x4096_x1, q4_0_4096x4096_x1,
-#   f32_4096x4096_x32, q4_0_4096x4096_x32 (the names of benches/kernels.rs's mul_mat group).
+#   of ITERS calls (after a warm-up round; ITERS/8 for the x32 shapes, ITERS/64 for x512).
+#   Cases: f32_4096x4096_x1, q4_0_4096x4096_x1, f32_4096x4096_x32, q4_0_4096x4096_x32,
+#   q4_0_4096x4096_x512 (the names of benches/kernels.rs's mul_mat group), and the three
+#   q4_0 shapes again as *_repack with the weights in ggml's CPU_REPACK buffer type (the
+#   interleaved layout and gemm kernels llama.cpp uses for q4_0 weights on this CPU).
 #   Weights and inputs are filled with the byte 0x3c, as the Rust bench does.
 # Cost: ~1 min download (76.6 MB), ~1-2 min build on 2 cores, `apt-get install cmake ninja-build`.
 set -euo pipefail
@@ -58,7 +61,9 @@ cat > "$SRC.new" <<'CPP'
 #include <cstring>
 #include <vector>
 
-struct Case { const char * name; ggml_type ty; int k, m, n; };
+// `repack`: the weights live in the CPU device's first extra buffer type (CPU_REPACK, which
+// interleaves q4_0 rows for its gemm kernels; what llama.cpp gives q4_0 weights on this CPU).
+struct Case { const char * name; ggml_type ty; int k, m, n; bool repack; };
 
 int main(int argc, char ** argv) {
     long iters = argc > 1 ? std::atol(argv[1]) : 200;
@@ -67,23 +72,43 @@ int main(int argc, char ** argv) {
     if (cpu == nullptr) { std::fprintf(stderr, "no CPU backend\n"); return 1; }
     ggml_backend_cpu_set_n_threads(cpu, threads);
     const Case cases[] = {
-        {"f32_4096x4096_x1", GGML_TYPE_F32, 4096, 4096, 1},
-        {"q4_0_4096x4096_x1", GGML_TYPE_Q4_0, 4096, 4096, 1},
-        {"f32_4096x4096_x32", GGML_TYPE_F32, 4096, 4096, 32},
-        {"q4_0_4096x4096_x32", GGML_TYPE_Q4_0, 4096, 4096, 32},
+        {"f32_4096x4096_x1", GGML_TYPE_F32, 4096, 4096, 1, false},
+        {"q4_0_4096x4096_x1", GGML_TYPE_Q4_0, 4096, 4096, 1, false},
+        {"f32_4096x4096_x32", GGML_TYPE_F32, 4096, 4096, 32, false},
+        {"q4_0_4096x4096_x32", GGML_TYPE_Q4_0, 4096, 4096, 32, false},
+        {"q4_0_4096x4096_x512", GGML_TYPE_Q4_0, 4096, 4096, 512, false},
+        {"q4_0_4096x4096_x1_repack", GGML_TYPE_Q4_0, 4096, 4096, 1, true},
+        {"q4_0_4096x4096_x32_repack", GGML_TYPE_Q4_0, 4096, 4096, 32, true},
+        {"q4_0_4096x4096_x512_repack", GGML_TYPE_Q4_0, 4096, 4096, 512, true},
     };
+    ggml_backend_dev_t dev = ggml_backend_get_device(cpu);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+    ggml_backend_buffer_type_t * extra = get_extra ? get_extra(dev) : nullptr;
     for (const Case & c : cases) {
+        if (c.repack && (extra == nullptr || extra[0] == nullptr)) {
+            std::printf("%s (no extra buffer type)\n", c.name);
+            continue;
+        }
         ggml_init_params params = {8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
         ggml_context * ctx = ggml_init(params);
-        ggml_tensor * w = ggml_new_tensor_2d(ctx, c.ty, c.k, c.m);
+        ggml_context * wctx = ggml_init(params);
+        ggml_tensor * w = ggml_new_tensor_2d(c.repack ? wctx : ctx, c.ty, c.k, c.m);
         ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.k, c.n);
         ggml_tensor * y = ggml_mul_mat(ctx, w, x);
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
         ggml_backend_buffer_clear(buf, 0x3c);
+        ggml_backend_buffer_t wbuf = nullptr;
+        if (c.repack) {
+            // Repacking happens in set_tensor, so the weights are written, not cleared.
+            wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, extra[0]);
+            std::vector<unsigned char> bytes(ggml_nbytes(w), 0x3c);
+            ggml_backend_tensor_set(w, bytes.data(), 0, bytes.size());
+        }
         ggml_cgraph * g = ggml_new_graph(ctx);
         ggml_build_forward_expand(g, y);
         // Small enough shapes run more iterations per round for the same time.
-        long n_it = c.n > 1 ? iters / 8 + 1 : iters;
+        long n_it = c.n > 32 ? iters / 64 + 1 : c.n > 1 ? iters / 8 + 1 : iters;
         double best = 1e300, fastest = 1e300;
         for (int round = 0; round < 6; ++round) {
             auto t0 = std::chrono::steady_clock::now();
@@ -107,7 +132,9 @@ int main(int argc, char ** argv) {
         std::printf("%s %.0f %.2f %.0f (y[0]=%g)\n", c.name, fastest, flop / fastest, best, out);
         std::fflush(stdout);
         ggml_backend_buffer_free(buf);
+        if (wbuf) ggml_backend_buffer_free(wbuf);
         ggml_free(ctx);
+        ggml_free(wctx);
     }
     ggml_backend_free(cpu);
     return 0;

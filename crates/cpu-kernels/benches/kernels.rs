@@ -1,8 +1,9 @@
-//! Kernel throughput with 2 threads: MUL_MAT (square, and llama decode shapes with f32 and
-//! q4_0 weights) in GFLOP/s (criterion's "elem/s" = FLOP/s), elementwise ADD in GB/s (also
-//! in place), GELU_ERF in elements/s.
+//! Kernel throughput with 2 threads: MUL_MAT (square, llama decode shapes with f32 and q4_0
+//! weights, and a 512-token prompt batch with q4_0 weights) in GFLOP/s (criterion's
+//! "elem/s" = FLOP/s), elementwise ADD in GB/s (also in place), GELU_ERF in elements/s.
 //!
-//! `cargo bench -p cpu-kernels --bench kernels`; `BENCH_LARGE=1` adds MUL_MAT 4096³ f32.
+//! `cargo bench -p cpu-kernels --bench kernels`; `BENCH_LARGE=1` adds MUL_MAT 4096³ f32,
+//! `BENCH_THREADS=N` uses N threads instead of 2.
 //!
 //! `mul_mat/read_64MiB_baseline` is the ceiling for the memory-bound decode shapes: two
 //! threads summing the two halves of a 64 MiB buffer (the size of the f32 4096×4096 weights)
@@ -61,6 +62,15 @@ fn mul_mat(ty: ElementType, k: i64, m: i64, n: i64) -> Setup {
     Setup { ctx, g, _buf: buf }
 }
 
+/// Threads per compute: 2, or `BENCH_THREADS` (to compare one core's kernels while another
+/// job holds the other core; the ggml driver takes the same count as its second argument).
+fn threads() -> usize {
+    std::env::var("BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
 /// `b.iter(f)`, or with `BENCH_MIN` set the fastest call of each sample times the
 /// sample's iteration count (see the module docs).
 fn timed<R>(b: &mut Bencher<'_>, mut f: impl FnMut() -> R) {
@@ -79,7 +89,7 @@ fn timed<R>(b: &mut Bencher<'_>, mut f: impl FnMut() -> R) {
 }
 
 fn bench_mul_mat(c: &mut Criterion) {
-    let cpu = CpuCompute::new(2);
+    let cpu = CpuCompute::new(threads());
     let mut group = c.benchmark_group("mul_mat");
     group.sample_size(10);
     let mut cases = vec![
@@ -88,6 +98,7 @@ fn bench_mul_mat(c: &mut Criterion) {
         ("f32_4096x4096_x32", ElementType::F32, 4096, 4096, 32),
         ("q4_0_4096x4096_x1", ElementType::Q4_0, 4096, 4096, 1),
         ("q4_0_4096x4096_x32", ElementType::Q4_0, 4096, 4096, 32),
+        ("q4_0_4096x4096_x512", ElementType::Q4_0, 4096, 4096, 512),
     ];
     if std::env::var_os("BENCH_LARGE").is_some() {
         cases.push(("f32_4096x4096x4096", ElementType::F32, 4096, 4096, 4096));
@@ -196,7 +207,7 @@ fn bench_read_baseline(
 }
 
 fn bench_add(c: &mut Criterion) {
-    let cpu = CpuCompute::new(2);
+    let cpu = CpuCompute::new(threads());
     let mut group = c.benchmark_group("add");
     for (name, n0, n1) in [("f32_4096x1024", 4096i64, 1024i64), ("f32_4096x8", 4096, 8)] {
         let mut ctx = Context::new();
@@ -240,7 +251,7 @@ fn bench_add(c: &mut Criterion) {
 }
 
 fn bench_unary(c: &mut Criterion) {
-    let cpu = CpuCompute::new(2);
+    let cpu = CpuCompute::new(threads());
     let mut group = c.benchmark_group("unary");
     let (n0, n1) = (1536i64, 256i64);
     let mut ctx = Context::new();

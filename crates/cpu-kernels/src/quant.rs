@@ -291,31 +291,41 @@ fn dot_f32_rows_scalar(rows: [&[f32]; F32_ROWS], col: &[f32]) -> [f32; F32_ROWS]
     out
 }
 
-/// `out[r]` = the q4_0 row `rows[r]` dotted with the column `col` packed by
-/// [`quantize_q8_col`] (same block count).
+/// `out[c][r]` = the q4_0 row `rows[r]` dotted with the column `cols[c]` packed by
+/// [`quantize_q8_col`] (all with the same block count).
+///
+/// Several columns at once share the rows' unpacked nibbles and scales: with `NC` = 4 a
+/// block's weights are unpacked once for four columns, which is most of a quantized
+/// product's work once the weights sit in cache (prompt-sized batches).
 ///
 /// The integer sum of every block is exact and all levels then do the same f32 operations in
-/// the same order (see [`dot_q4_0_col_scalar`]), so they agree bit for bit; a row's result
-/// depends only on that row and the column.
-pub(crate) fn dot_q4_0_q8_0_rows(isa: Isa, rows: [&[u8]; ROWS], col: &[u8]) -> [f32; ROWS] {
-    let nb = col.len() / (QK + 8);
+/// the same order (see [`dot_q4_0_col_scalar`]), so they agree bit for bit; a result
+/// depends only on its row and its column, not on `NC` or on the other rows and columns.
+pub(crate) fn dot_q4_0_q8_0_rows<const NC: usize>(
+    isa: Isa,
+    rows: [&[u8]; ROWS],
+    cols: [&[u8]; NC],
+) -> [[f32; ROWS]; NC] {
+    let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
     assert!(
-        col.len() == nb * (QK + 8) && rows.iter().all(|r| r.len() >= nb * Q4_0_BYTES),
+        cols.iter().all(|c| c.len() == nb * (QK + 8))
+            && rows.iter().all(|r| r.len() >= nb * Q4_0_BYTES),
         "dot_q4_0_q8_0_rows: short row or column (a kernel bug)"
     );
     match isa {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         Isa::Avx512 if x86::has_avx512() => {
             // SAFETY: the CPU has the AVX-512 features (checked in the guard); every row has
-            // `nb` q4_0 blocks and `col` is a packed column of `nb` blocks (asserted above).
-            unsafe { x86::dot_q4_0_col_rows8_vnni(rows, col) }
+            // `nb` q4_0 blocks and every column is a packed column of `nb` blocks (asserted
+            // above).
+            unsafe { x86::dot_q4_0_cols_rows8_vnni(rows, cols) }
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         Isa::Avx2 | Isa::Avx512 if x86::has_avx2_fma_f16c() => {
             // SAFETY: the CPU has AVX2, FMA and F16C; block counts as above.
-            unsafe { x86::dot_q4_0_col_rows8_avx2(rows, col) }
+            unsafe { x86::dot_q4_0_cols_rows8_avx2(rows, cols) }
         }
-        _ => rows.map(|r| dot_q4_0_col_scalar(r, col)),
+        _ => cols.map(|c| rows.map(|r| dot_q4_0_col_scalar(r, c))),
     }
 }
 
@@ -496,19 +506,14 @@ mod x86 {
         )
     }
 
-    /// Lane `j`: `Σ nibble · q` over block `off / 18` of row `j` and the column quants `qy`,
-    /// exact. `maddubs` gives pairs of products; two `hadd`s sum them to eight products per
+    /// Lane `j`: `Σ nibble · q` over one block of row `j` (its nibbles `x[j]`, from
+    /// [`nibbles`]) and the column quants `qy`, exact. `maddubs` gives pairs of products; two `hadd`s sum them to eight products per
     /// i16 (at most 8 · 15 · 127 = 15240, so no i16 overflows: the column's quants are in
     /// ±127) while packing four rows into one vector; `madd` with ones widens to i32.
-    ///
-    /// # Safety
-    /// Bytes `off .. off + 18` of every row must be readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_sums8_avx2(rp: &[*const u8; 8], off: usize, qy: __m256i) -> __m256i {
+    fn block_sums8_avx2(x: &[__m256i; 8], qy: __m256i) -> __m256i {
         let ones = _mm256_set1_epi16(1);
-        // SAFETY: row j holds the block at `off` (caller's contract).
-        let x: [__m256i; 8] = std::array::from_fn(|j| unsafe { nibbles(rp[j].add(off)) });
         let p = x.map(|x| _mm256_maddubs_epi16(x, qy));
         let four = |p: &[__m256i]| {
             let h = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
@@ -519,15 +524,10 @@ mod x86 {
 
     /// [`block_sums8_avx2`] with VNNI: `dpbusd` sums four products per i32 lane, two
     /// `hadd`s pack four rows per vector.
-    ///
-    /// # Safety
-    /// As for [`block_sums8_avx2`]; the CPU must have the `has_avx512` features.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn block_sums8_vnni(rp: &[*const u8; 8], off: usize, qy: __m256i) -> __m256i {
+    fn block_sums8_vnni(x: &[__m256i; 8], qy: __m256i) -> __m256i {
         let zero = _mm256_setzero_si256();
-        // SAFETY: row j holds the block at `off` (caller's contract).
-        let x: [__m256i; 8] = std::array::from_fn(|j| unsafe { nibbles(rp[j].add(off)) });
         let p = x.map(|x| _mm256_dpbusd_epi32(zero, x, qy));
         let four = |p: &[__m256i]| {
             _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]))
@@ -616,64 +616,79 @@ mod x86 {
         }
     }
 
-    /// Eight q4_0 rows against a packed column: lane `j` of the accumulators is row `j`.
-    /// Per block, the eight exact integer sums (`$sums`) minus the column's `8 · Σ q` are
+    /// Eight q4_0 rows against `NC` packed columns: lane `j` of column `c`'s accumulators is
+    /// row `j`. Per block, the rows' nibbles and scales are unpacked once for all columns;
+    /// per column, the eight exact integer sums (`$sums`) minus the column's `8 · Σ q` are
     /// converted once and multiplied by the eight row scales (one F16C conversion) times the
     /// column scale, with one FMA; even and odd blocks go to two accumulators (two FMA
     /// chains), added at the end. The portable `dot_q4_0_col_scalar` does the same.
     macro_rules! q4_rows8_kernel {
-        ($rows:expr, $col:expr, $sums:ident) => {{
-            let col: &[u8] = $col;
-            let nb = col.len() / (super::QK + 8);
+        ($rows:expr, $cols:expr, $sums:ident) => {{
+            let cols: [&[u8]; NC] = $cols;
+            let nb = cols.first().map_or(0, |c| c.len() / (super::QK + 8));
             let rp = $rows.map(<[u8]>::as_ptr);
-            let c = Col::new(col, nb);
-            let step = |b: usize, acc: __m256| -> __m256 {
-                // SAFETY: block b < nb exists in every row (caller's contract) and in the
+            let c = cols.map(|col| Col::new(col, nb));
+            let step = |b: usize, acc: &mut [__m256; NC]| {
+                let off = b * super::Q4_0_BYTES;
+                // SAFETY: block b < nb exists in every row (caller's contract) and in every
                 // column: quants at 32·b, scale at 4·b, correction at 4·b of their parts.
                 unsafe {
-                    let qy = _mm256_loadu_si256(c.qs.add(32 * b).cast());
-                    let corr = _mm256_set1_epi32(c.cs.add(4 * b).cast::<i32>().read_unaligned());
-                    let s = _mm256_sub_epi32($sums(&rp, b * super::Q4_0_BYTES, qy), corr);
-                    let dy = _mm256_set1_ps(c.ds.add(4 * b).cast::<f32>().read_unaligned());
-                    let d = _mm256_mul_ps(scales8(&rp, b * super::Q4_0_BYTES), dy);
-                    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc)
+                    let x: [__m256i; 8] = std::array::from_fn(|j| nibbles(rp[j].add(off)));
+                    let dx = scales8(&rp, off);
+                    for (acc, c) in acc.iter_mut().zip(&c) {
+                        let qy = _mm256_loadu_si256(c.qs.add(32 * b).cast());
+                        let corr =
+                            _mm256_set1_epi32(c.cs.add(4 * b).cast::<i32>().read_unaligned());
+                        let s = _mm256_sub_epi32($sums(&x, qy), corr);
+                        let dy = _mm256_set1_ps(c.ds.add(4 * b).cast::<f32>().read_unaligned());
+                        let d = _mm256_mul_ps(dx, dy);
+                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
+                    }
                 }
             };
-            let mut even = _mm256_setzero_ps();
-            let mut odd = _mm256_setzero_ps();
+            let mut even = [_mm256_setzero_ps(); NC];
+            let mut odd = [_mm256_setzero_ps(); NC];
             let mut b = 0;
             while b + 2 <= nb {
-                even = step(b, even);
-                odd = step(b + 1, odd);
+                step(b, &mut even);
+                step(b + 1, &mut odd);
                 b += 2;
             }
             if b < nb {
-                even = step(b, even);
+                step(b, &mut even);
             }
-            let mut out = [0.0f32; 8];
-            // SAFETY: `out` holds eight floats.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(even, odd)) };
+            let mut out = [[0.0f32; 8]; NC];
+            for ((o, e), d) in out.iter_mut().zip(even).zip(odd) {
+                // SAFETY: `o` holds eight floats.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_add_ps(e, d)) };
+            }
             out
         }};
     }
 
-    /// Eight q4_0 rows against a packed column with AVX2 (see [`q4_rows8_kernel`]).
+    /// Eight q4_0 rows against `NC` packed columns with AVX2 (see [`q4_rows8_kernel`]).
     ///
     /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; `col` must be a packed column of `nb` blocks
-    /// (`col.len() == nb · 40`) and every row must hold `nb` q4_0 blocks.
+    /// The CPU must have AVX2, FMA and F16C; every column must be a packed column of `nb`
+    /// blocks (`len() == nb · 40`) and every row must hold `nb` q4_0 blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q4_0_col_rows8_avx2(rows: [&[u8]; 8], col: &[u8]) -> [f32; 8] {
-        q4_rows8_kernel!(rows, col, block_sums8_avx2)
+    pub(super) unsafe fn dot_q4_0_cols_rows8_avx2<const NC: usize>(
+        rows: [&[u8]; 8],
+        cols: [&[u8]; NC],
+    ) -> [[f32; 8]; NC] {
+        q4_rows8_kernel!(rows, cols, block_sums8_avx2)
     }
 
-    /// [`dot_q4_0_col_rows8_avx2`] with VNNI's `dpbusd` for the block sums.
+    /// [`dot_q4_0_cols_rows8_avx2`] with VNNI's `dpbusd` for the block sums.
     ///
     /// # Safety
-    /// The CPU must have the `has_avx512` features; `col` and rows as for the AVX2 version.
+    /// The CPU must have the `has_avx512` features; columns and rows as for the AVX2 version.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn dot_q4_0_col_rows8_vnni(rows: [&[u8]; 8], col: &[u8]) -> [f32; 8] {
-        q4_rows8_kernel!(rows, col, block_sums8_vnni)
+    pub(super) unsafe fn dot_q4_0_cols_rows8_vnni<const NC: usize>(
+        rows: [&[u8]; 8],
+        cols: [&[u8]; NC],
+    ) -> [[f32; 8]; NC] {
+        q4_rows8_kernel!(rows, cols, block_sums8_vnni)
     }
 
     #[inline]
@@ -828,9 +843,9 @@ mod tests {
             let mut y = vec![0.0f32; k];
             dequantize_q8_0(&col_q8, &mut y);
             let rr: [&[u8]; ROWS] = std::array::from_fn(|j| &rows[j][..]);
-            let scalar = dot_q4_0_q8_0_rows(Isa::Scalar, rr, &col);
+            let [scalar] = dot_q4_0_q8_0_rows(Isa::Scalar, rr, [&col]);
             for isa in Isa::available() {
-                let got = dot_q4_0_q8_0_rows(isa, rr, &col);
+                let [got] = dot_q4_0_q8_0_rows(isa, rr, [&col]);
                 for j in 0..ROWS {
                     let mut x = vec![0.0f32; k];
                     dequantize_q4_0(&rows[j], &mut x);
@@ -847,9 +862,27 @@ mod tests {
                 }
                 // A row's result does not depend on the other rows of the call.
                 let rot: [&[u8]; ROWS] = std::array::from_fn(|j| &rows[(j + 3) % ROWS][..]);
-                let r = dot_q4_0_q8_0_rows(isa, rot, &col);
+                let [r] = dot_q4_0_q8_0_rows(isa, rot, [&col]);
                 for j in 0..ROWS {
                     assert_eq!(r[j].to_bits(), got[(j + 3) % ROWS].to_bits());
+                }
+                // Nor on the other columns: four at once give each column's bits, in any
+                // position.
+                let mut other = vec![0u8; q8_col_bytes(k)];
+                quantize_q8_col(&values(31, k), &mut other);
+                let [o] = dot_q4_0_q8_0_rows(isa, rr, [&other]);
+                let four = dot_q4_0_q8_0_rows(isa, rr, [&other, &col, &col, &other]);
+                for j in 0..ROWS {
+                    let bits = |c: usize| four[c][j].to_bits();
+                    assert_eq!(
+                        [bits(0), bits(1), bits(2), bits(3)],
+                        [
+                            o[j].to_bits(),
+                            got[j].to_bits(),
+                            got[j].to_bits(),
+                            o[j].to_bits()
+                        ]
+                    );
                 }
             }
         }

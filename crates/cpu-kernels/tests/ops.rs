@@ -792,7 +792,7 @@ fn mul_mat_thin_small_for_miri() {
 }
 
 /// The thin path's edges: row counts that are not a multiple of the row groups (8 f32 rows,
-/// 4 q4_0 rows) or of the 16-row units, lengths that are not a multiple of the vector width
+/// 8 q4_0 rows) or of the 16-row units, lengths that are not a multiple of the vector width
 /// (8 or 16 floats), a transposed (strided) src1, and shapes large enough to be split over
 /// two threads, where one thread's rows end and the other's begin.
 #[test]
@@ -818,12 +818,14 @@ fn mul_mat_thin_row_groups_and_tails() {
 }
 
 /// Thin products give the same bits on one thread and on two: each row's dot product is
-/// computed by one kernel call whatever thread claims it and whatever rows share its group.
+/// computed by one kernel call whatever thread claims it and whatever rows share its group
+/// (and, for q4_0, whatever columns share its call: 6 columns are a call of four and two
+/// of one).
 #[test]
 fn mul_mat_thin_threads_agree_bit_for_bit() {
     let (k, m) = if cfg!(miri) { (64, 21) } else { (1024, 1003) };
     for ty in [T::F32, T::Q4_0] {
-        for n in [1i64, 3] {
+        for n in [1i64, 3, 6] {
             let mut outs = Vec::new();
             for nth in [1, 2] {
                 let mut ctx = Context::new();
