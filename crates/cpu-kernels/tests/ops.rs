@@ -616,9 +616,12 @@ fn mul_mat_thin_all_types() {
     }
 }
 
+/// Batched products (at least 16 columns): the gemm path for f32, f16, bf16 and q8_0
+/// weights, and for q4_0 the dot path with its four-column calls (33 = 8 · 4 + 1 columns,
+/// 20 = 5 · 4).
 #[test]
 #[cfg_attr(miri, ignore = "gemm path: large shapes and SIMD")]
-fn mul_mat_gemm_all_types() {
+fn mul_mat_batched_all_types() {
     for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0] {
         for &nth in THREADS {
             mul_mat_case(ty, 128, 70, 33, [1, 1], [1, 1], false, nth);
