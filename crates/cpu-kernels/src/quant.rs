@@ -628,34 +628,16 @@ mod x86 {
             let nb = cols.first().map_or(0, |c| c.len() / (super::QK + 8));
             let rp = $rows.map(<[u8]>::as_ptr);
             let c = cols.map(|col| Col::new(col, nb));
-            let step = |b: usize, acc: &mut [__m256; NC]| {
-                let off = b * super::Q4_0_BYTES;
-                // SAFETY: block b < nb exists in every row (caller's contract) and in every
-                // column: quants at 32·b, scale at 4·b, correction at 4·b of their parts.
-                unsafe {
-                    let x: [__m256i; 8] = std::array::from_fn(|j| nibbles(rp[j].add(off)));
-                    let dx = scales8(&rp, off);
-                    for (acc, c) in acc.iter_mut().zip(&c) {
-                        let qy = _mm256_loadu_si256(c.qs.add(32 * b).cast());
-                        let corr =
-                            _mm256_set1_epi32(c.cs.add(4 * b).cast::<i32>().read_unaligned());
-                        let s = _mm256_sub_epi32($sums(&x, qy), corr);
-                        let dy = _mm256_set1_ps(c.ds.add(4 * b).cast::<f32>().read_unaligned());
-                        let d = _mm256_mul_ps(dx, dy);
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
-                    }
-                }
-            };
             let mut even = [_mm256_setzero_ps(); NC];
             let mut odd = [_mm256_setzero_ps(); NC];
             let mut b = 0;
             while b + 2 <= nb {
-                step(b, &mut even);
-                step(b + 1, &mut odd);
+                q4_block_step!(rp, c, b, even, $sums);
+                q4_block_step!(rp, c, b + 1, odd, $sums);
                 b += 2;
             }
             if b < nb {
-                step(b, &mut even);
+                q4_block_step!(rp, c, b, even, $sums);
             }
             let mut out = [[0.0f32; 8]; NC];
             for ((o, e), d) in out.iter_mut().zip(even).zip(odd) {
@@ -663,6 +645,30 @@ mod x86 {
                 unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_add_ps(e, d)) };
             }
             out
+        }};
+    }
+
+    /// One block `$b` of [`q4_rows8_kernel`] into the accumulators `$acc` (one per column).
+    /// A macro rather than a closure: called three times per kernel, a closure with four
+    /// columns was compiled out of line, with the accumulators in memory across the call.
+    macro_rules! q4_block_step {
+        ($rp:expr, $c:expr, $b:expr, $acc:expr, $sums:ident) => {{
+            let b: usize = $b;
+            let off = b * super::Q4_0_BYTES;
+            // SAFETY: block b < nb exists in every row (caller's contract) and in every
+            // column: quants at 32·b, scale at 4·b, correction at 4·b of their parts.
+            unsafe {
+                let x: [__m256i; 8] = std::array::from_fn(|j| nibbles($rp[j].add(off)));
+                let dx = scales8(&$rp, off);
+                for (acc, c) in $acc.iter_mut().zip(&$c) {
+                    let qy = _mm256_loadu_si256(c.qs.add(32 * b).cast());
+                    let corr = _mm256_set1_epi32(c.cs.add(4 * b).cast::<i32>().read_unaligned());
+                    let s = _mm256_sub_epi32($sums(&x, qy), corr);
+                    let dy = _mm256_set1_ps(c.ds.add(4 * b).cast::<f32>().read_unaligned());
+                    let d = _mm256_mul_ps(dx, dy);
+                    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
+                }
+            }
         }};
     }
 
