@@ -143,6 +143,26 @@ impl Slot {
         }
     }
 
+    /// The slot of `t` in `slots`, made fresh when it is not current; `slots` must hold
+    /// `t`'s index ([`Slot::reserve_index`]).
+    #[inline(always)]
+    fn current_in(slots: &mut [Slot], key_hi: u64, t: TensorId) -> &mut Slot {
+        let key = Self::key_of(key_hi, t);
+        let s = &mut slots[t.index()];
+        if s.key != key {
+            *s = Self::fresh(key);
+        }
+        s
+    }
+
+    /// Give `t` backend `b` by `cause` in `slots`, which must hold `t`'s index.
+    #[inline(always)]
+    fn set_in(slots: &mut [Slot], key_hi: u64, t: TensorId, b: i32, cause: Cause) {
+        let s = Self::current_in(slots, key_hi, t);
+        s.backend = b;
+        s.cause = cause;
+    }
+
     /// The backend of `t` in `slots` (-1 when its slot is not current).
     #[inline(always)]
     fn backend_in(slots: &[Slot], key_hi: u64, t: TensorId) -> i32 {
@@ -587,9 +607,15 @@ impl Scheduler {
 
     // ---- per-tensor table ----
 
+    /// The key bits of the current epoch (see [`Slot`]).
+    #[inline]
+    fn key_hi(&self) -> u64 {
+        u64::from(self.epoch) << 32
+    }
+
     #[inline]
     fn key(&self, t: TensorId) -> u64 {
-        Slot::key_of(u64::from(self.epoch) << 32, t)
+        Slot::key_of(self.key_hi(), t)
     }
 
     #[inline]
@@ -599,14 +625,9 @@ impl Scheduler {
     }
 
     fn slot_mut(&mut self, t: TensorId) -> &mut Slot {
-        let i = t.index();
-        Slot::reserve_index(&mut self.slots, i);
-        let key = self.key(t);
-        let s = &mut self.slots[i];
-        if s.key != key {
-            *s = Slot::fresh(key);
-        }
-        s
+        Slot::reserve_index(&mut self.slots, t.index());
+        let key_hi = self.key_hi();
+        Slot::current_in(&mut self.slots, key_hi, t)
     }
 
     fn bid(&self, t: TensorId) -> i32 {
@@ -961,7 +982,8 @@ impl Scheduler {
                 let nodes = graph.nodes();
                 self.pass2(ctx, nodes, &compute, &mut bids, any_gpu);
                 self.pass3(ctx, nodes, &compute, &bids)?;
-                self.pass4(ctx, graph, &compute, &mut bids)?;
+                let key_hi = self.key_hi();
+                Self::pass4(&mut self.slots, key_hi, ctx, graph, &mut bids)?;
                 // pass 5: splits and input copies
                 self.pass5(ctx, graph, &compute, &bids)
             });
@@ -1029,7 +1051,7 @@ impl Scheduler {
         if let Some(last) = ctx.len().checked_sub(1) {
             Slot::reserve_index(&mut self.slots, last);
         }
-        let key_hi = u64::from(self.epoch) << 32;
+        let key_hi = self.key_hi();
         let memo = &mut self.buffer_memo;
         let devices = &self.devices[..];
         let slots = &mut self.slots;
@@ -1156,65 +1178,84 @@ impl Scheduler {
 
     /// Pass 4: sources and views without a backend follow their root or their consumer.
     ///
-    /// Also notes, for pass 5, each compute node (`nodes[compute[k]]`) whose backend and
-    /// sources' backends are settled and equal: `bids[k]` becomes that backend, else
-    /// [`UNSETTLED`]. Settled is final: pass 4 only assigns tensors without a backend.
+    /// Also notes, for pass 5, each compute node whose backend and sources' backends are
+    /// settled and equal: its entry in `bids` (one per compute node, in order, as pass 1
+    /// listed them) becomes that backend, else [`UNSETTLED`]. Settled is final: pass 4 only
+    /// assigns tensors without a backend.
+    ///
+    /// The slot table (which holds every tensor of `ctx` since pass 1) is walked through
+    /// `slots` and `key_hi`, the scheduler's passed apart, so that the per-source loop keeps
+    /// them in registers.
     #[inline(never)]
     fn pass4(
-        &mut self,
+        slots: &mut [Slot],
+        key_hi: u64,
         ctx: &Context,
         graph: &Graph,
-        compute: &[usize],
         bids: &mut [i32],
     ) -> Result<()> {
-        let nodes = graph.nodes();
-        let mut k = 0;
+        let mut bids = bids.iter_mut();
         // pass 4: sources and views without a backend follow their root or their consumer
-        for (pos, &node) in nodes.iter().enumerate() {
+        for &node in graph.nodes() {
             let t = ctx.get(node)?;
-            let srcs = t.srcs_used();
-            let mut cur = self.bid(node);
+            let mut cur = Slot::backend_in(slots, key_hi, node);
             if cur == -1
                 && let Some(vs) = t.view_src()
             {
-                let b = self.bid(vs);
+                let b = Slot::backend_in(slots, key_hi, vs);
                 if b != -1 {
-                    self.set_bid(node, b, Cause::FromViewSrc);
+                    Slot::set_in(slots, key_hi, node, b, Cause::FromViewSrc);
                     cur = b;
                 }
             }
-            // every source ends this step on `cur` (and `cur` is a backend)
-            let mut settled = cur != -1;
-            for s in srcs.iter().flatten() {
-                let mut sb = self.bid(*s);
-                if sb == -1 {
-                    match ctx.get(*s)?.view_src() {
-                        Some(svs) => {
-                            let b = self.bid(svs);
-                            if b != -1 {
-                                self.set_bid(*s, b, Cause::FromViewSrc);
-                                sb = b;
-                            }
-                        }
-                        None => {
-                            if cur != -1 {
-                                self.set_bid(*s, cur, Cause::FromConsumer);
-                                sb = cur;
-                            }
-                        }
-                    }
-                }
-                settled &= sb == cur;
+            // every source ends this step on `cur` (and `cur` is a backend); a source without
+            // a backend (which leaves the node unsettled) is rare, and then the sources are
+            // walked again, assigning as they go
+            let srcs = t.srcs_used();
+            let bid = |s: &TensorId| Slot::backend_in(slots, key_hi, *s);
+            let mut settled = cur != -1 && srcs.iter().flatten().all(|s| bid(s) == cur);
+            if !settled && srcs.iter().flatten().any(|s| bid(s) == -1) {
+                settled = Self::pass4_sources(slots, key_hi, ctx, t, cur)?;
             }
-            if compute.get(k) == Some(&pos) {
-                if let Some(b) = bids.get_mut(k) {
-                    *b = if settled { cur } else { UNSETTLED };
-                }
-                k += 1;
+            // pass 1 listed exactly the non-view nodes
+            if !t.op().is_view_op()
+                && let Some(b) = bids.next()
+            {
+                *b = if settled { cur } else { UNSETTLED };
             }
         }
 
         Ok(())
+    }
+
+    /// Pass 4 for the sources of `t`, a node on `cur` (-1: none) with a source without a
+    /// backend: in order, a view follows its root, anything else its consumer. Returns whether
+    /// every source ends on `cur` and `cur` is a backend.
+    #[cold]
+    #[inline(never)]
+    fn pass4_sources(
+        slots: &mut [Slot],
+        key_hi: u64,
+        ctx: &Context,
+        t: &Tensor,
+        cur: i32,
+    ) -> Result<bool> {
+        let mut settled = cur != -1;
+        for &s in t.srcs_used().iter().flatten() {
+            let mut sb = Slot::backend_in(slots, key_hi, s);
+            if sb == -1 {
+                let (b, cause) = match ctx.get(s)?.view_src() {
+                    Some(svs) => (Slot::backend_in(slots, key_hi, svs), Cause::FromViewSrc),
+                    None => (cur, Cause::FromConsumer),
+                };
+                if b != -1 {
+                    Slot::set_in(slots, key_hi, s, b, cause);
+                    sb = b;
+                }
+            }
+            settled &= sb == cur;
+        }
+        Ok(settled)
     }
 
     fn new_split(&mut self, i_split: usize, backend: usize, start: usize) {
@@ -1466,7 +1507,7 @@ impl Scheduler {
             let (start, end) = (self.splits[si].start, self.splits[si].end);
             let split_nodes = &graph.nodes()[start..end];
             self.alloc_graph.extend_nodes(split_nodes)?;
-            let key_hi = u64::from(self.epoch) << 32;
+            let key_hi = self.key_hi();
             let slots = &self.slots;
             for (id, &node) in self.node_ids[n..n + split_nodes.len()]
                 .iter_mut()
@@ -1508,7 +1549,7 @@ impl Scheduler {
         }
         let leafs = graph.leafs();
         self.alloc_graph.extend_leafs(leafs)?;
-        let key_hi = u64::from(self.epoch) << 32;
+        let key_hi = self.key_hi();
         let slots = &self.slots;
         for (id, &leaf) in self.leaf_ids[l..l + leafs.len()].iter_mut().zip(leafs) {
             *id = Slot::backend_in(slots, key_hi, leaf);
