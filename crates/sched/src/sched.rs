@@ -1088,26 +1088,49 @@ impl Scheduler {
         bids: &mut [i32],
         any_gpu: bool,
     ) {
-        let n_b = self.backends.len() as i32;
         let n = compute.len().min(bids.len());
         for only_gpu in [true, false] {
             if only_gpu && !any_gpu {
                 // every assigned node is on the last backend: these sweeps would set nothing
                 continue;
             }
-            for up in [false, true] {
-                let mut cur: i32 = -1;
-                for k in 0..n {
-                    let k = if up { n - 1 - k } else { k };
-                    let b = bids[k];
-                    if b != -1 {
-                        cur = if only_gpu && b == n_b - 1 { -1 } else { b };
-                    } else if cur != -1 && self.set_if_supported(ctx, nodes[compute[k]], cur) {
-                        bids[k] = cur;
-                    }
-                }
+            let last_unassigned = self.pass2_sweep(ctx, nodes, compute, bids, 0..n, only_gpu);
+            // Above the last node the down sweep left without a backend every node has one, so
+            // the up sweep sets nothing there and only the next node decides what it expands:
+            // it starts at that node.
+            let start = last_unassigned.map_or(0, |k| (k + 2).min(n));
+            self.pass2_sweep(ctx, nodes, compute, bids, (0..start).rev(), only_gpu);
+        }
+    }
+
+    /// One sweep of pass 2 over the compute nodes `ks`, in that order: a node with a backend
+    /// sets the backend expanded (none for the last backend when `only_gpu`), a node without
+    /// gets it where its device runs the op. Returns the last `k` visited that is left
+    /// without a backend.
+    #[inline(always)]
+    fn pass2_sweep(
+        &mut self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        compute: &[usize],
+        bids: &mut [i32],
+        ks: impl Iterator<Item = usize>,
+        only_gpu: bool,
+    ) -> Option<usize> {
+        let last = self.backends.len() as i32 - 1;
+        let mut cur: i32 = -1;
+        let mut unassigned = None;
+        for k in ks {
+            let b = bids[k];
+            if b != -1 {
+                cur = if only_gpu && b == last { -1 } else { b };
+            } else if cur != -1 && self.set_if_supported(ctx, nodes[compute[k]], cur) {
+                bids[k] = cur;
+            } else {
+                unassigned = Some(k);
             }
         }
+        unassigned
     }
 
     /// Pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
