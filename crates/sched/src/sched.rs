@@ -801,7 +801,13 @@ impl Scheduler {
         id: TensorId,
         t: &Tensor,
     ) -> Result<(i32, Cause)> {
-        let root = Self::root_storage(ctx, t);
+        // the view root, looked up once (a stale one only fails below, as the seed's order has
+        // it: its storage counts as none first)
+        let view_root = t.view_src().map(|vs| ctx.get(vs));
+        let root = match &view_root {
+            Some(vt) => vt.as_ref().ok().and_then(|vt| vt.storage()),
+            None => t.storage(),
+        };
         if let Some(st) = root {
             let facts = memo.facts(st, devices);
             let b = Self::backend_from_facts(devices, ctx, facts, st, t, id);
@@ -809,8 +815,8 @@ impl Scheduler {
                 return Ok((b, Cause::Dst));
             }
         }
-        if let Some(vs) = t.view_src() {
-            let vt = ctx.get(vs)?;
+        if let Some(vt) = view_root {
+            let vt = vt?;
             // A root that is no view itself decides through the storage just asked about,
             // with the same op: the answer is the same -1, so it is not asked again.
             if vt.view_src().is_some()
@@ -1002,10 +1008,10 @@ impl Scheduler {
 
     /// Pass 1 for one tensor: `bid`, and when unassigned `backend_id_from_cur` then
     /// `set_bid`, on one slot access (`slots`, `memo`, `devices` and `key_hi` are the
-    /// scheduler's, passed apart).
+    /// scheduler's, passed apart; `slots` holds every tensor of `ctx`).
     #[inline(always)]
     fn assign(
-        slots: &mut Vec<Slot>,
+        slots: &mut [Slot],
         memo: &mut BufferMemo,
         devices: &[Device],
         key_hi: u64,
@@ -1014,19 +1020,18 @@ impl Scheduler {
         t: &Tensor,
     ) -> Result<i32> {
         let key = Slot::key_of(key_hi, id);
-        let i = id.index();
-        Slot::reserve_index(slots, i);
-        let s = &mut slots[i];
+        let s = &mut slots[id.index()];
         let valid = s.key == key;
         if valid && s.backend != -1 {
             return Ok(s.backend);
         }
         let (b, c) = Self::backend_id_from_cur(memo, devices, ctx, id, t)?;
-        if !valid {
-            *s = Slot::fresh(key);
-        }
-        s.backend = b;
-        s.cause = c;
+        let old = if valid { *s } else { Slot::fresh(key) };
+        *s = Slot {
+            backend: b,
+            cause: c,
+            ..old
+        };
         Ok(b)
     }
 
@@ -1054,7 +1059,7 @@ impl Scheduler {
         let key_hi = self.key_hi();
         let memo = &mut self.buffer_memo;
         let devices = &self.devices[..];
-        let slots = &mut self.slots;
+        let slots = &mut self.slots[..];
         for &leaf in leafs {
             let t = ctx.get(leaf)?;
             Self::assign(slots, memo, devices, key_hi, ctx, leaf, t)?;
@@ -1065,7 +1070,7 @@ impl Scheduler {
         for (pos, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             let b = Self::assign(slots, memo, devices, key_hi, ctx, node, t)?;
-            any_gpu |= b != -1 && b != n_b - 1;
+            any_gpu |= (0..n_b - 1).contains(&b);
             if !t.op().is_view_op() {
                 compute.push(pos);
                 bids.push(b);
@@ -1148,11 +1153,11 @@ impl Scheduler {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
         for (&pos, &b) in compute.iter().zip(bids) {
-            let node = nodes[pos];
             if b == 0 || (b > 0 && !self.upgradable.get(b as usize).copied().unwrap_or(false)) {
                 // nothing to upgrade to
                 continue;
             }
+            let node = nodes[pos];
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
             if b == -1 {
@@ -1319,11 +1324,12 @@ impl Scheduler {
         Ok(copy)
     }
 
-    #[inline(never)]
+    /// Pass 5: splits and input copies.
     ///
     /// `compute` holds the positions of the compute (non-view) nodes, from pass 1, and
     /// `bids` what pass 4 noted of them: a node settled on one backend with all its sources
     /// needs no source check and no copy without pipeline copies.
+    #[inline(never)]
     fn pass5(
         &mut self,
         ctx: &mut Context,
@@ -1332,6 +1338,7 @@ impl Scheduler {
         bids: &[i32],
     ) -> Result<()> {
         let nodes = graph.nodes();
+        let no_pipeline = self.n_copies == 1;
         let mut i_split = 0usize;
         // the first split's backend: the first non-view node's (kept from the last plan when
         // every node is a view, as the seed does)
@@ -1349,11 +1356,8 @@ impl Scheduler {
         }
         self.new_split(0, first_backend, 0);
         let mut cur = first_backend as i32;
-        for (k, &i) in compute.iter().enumerate() {
-            if self.n_copies == 1
-                && let Some(&nb) = bids.get(k)
-                && nb != UNSETTLED
-            {
+        for (&i, &nb) in compute.iter().zip(bids) {
+            if no_pipeline && nb != UNSETTLED {
                 // every source is on `nb`: the new-split check below finds nothing, and
                 // nothing is copied (the general path would decide the same)
                 if nb != cur {
