@@ -1535,7 +1535,7 @@ impl Scheduler {
             let split_nodes = &graph.nodes()[start..end];
             self.alloc_graph.extend_nodes(split_nodes)?;
             let key_hi = self.key_hi();
-            let slots = &self.slots;
+            let slots = &self.slots[..];
             for (id, &node) in self.node_ids[n..n + split_nodes.len()]
                 .iter_mut()
                 .zip(split_nodes)
@@ -1577,7 +1577,7 @@ impl Scheduler {
         let leafs = graph.leafs();
         self.alloc_graph.extend_leafs(leafs)?;
         let key_hi = self.key_hi();
-        let slots = &self.slots;
+        let slots = &self.slots[..];
         for (id, &leaf) in self.leaf_ids[l..l + leafs.len()].iter_mut().zip(leafs) {
             *id = Slot::backend_in(slots, key_hi, leaf);
         }
