@@ -143,6 +143,26 @@ impl Slot {
         }
     }
 
+    /// The slot of `t` in `slots`, made fresh when it is not current; `slots` must hold
+    /// `t`'s index ([`Slot::reserve_index`]).
+    #[inline(always)]
+    fn current_in(slots: &mut [Slot], key_hi: u64, t: TensorId) -> &mut Slot {
+        let key = Self::key_of(key_hi, t);
+        let s = &mut slots[t.index()];
+        if s.key != key {
+            *s = Self::fresh(key);
+        }
+        s
+    }
+
+    /// Give `t` backend `b` by `cause` in `slots`, which must hold `t`'s index.
+    #[inline(always)]
+    fn set_in(slots: &mut [Slot], key_hi: u64, t: TensorId, b: i32, cause: Cause) {
+        let s = Self::current_in(slots, key_hi, t);
+        s.backend = b;
+        s.cause = cause;
+    }
+
     /// The backend of `t` in `slots` (-1 when its slot is not current).
     #[inline(always)]
     fn backend_in(slots: &[Slot], key_hi: u64, t: TensorId) -> i32 {
@@ -587,9 +607,15 @@ impl Scheduler {
 
     // ---- per-tensor table ----
 
+    /// The key bits of the current epoch (see [`Slot`]).
+    #[inline]
+    fn key_hi(&self) -> u64 {
+        u64::from(self.epoch) << 32
+    }
+
     #[inline]
     fn key(&self, t: TensorId) -> u64 {
-        Slot::key_of(u64::from(self.epoch) << 32, t)
+        Slot::key_of(self.key_hi(), t)
     }
 
     #[inline]
@@ -599,14 +625,9 @@ impl Scheduler {
     }
 
     fn slot_mut(&mut self, t: TensorId) -> &mut Slot {
-        let i = t.index();
-        Slot::reserve_index(&mut self.slots, i);
-        let key = self.key(t);
-        let s = &mut self.slots[i];
-        if s.key != key {
-            *s = Slot::fresh(key);
-        }
-        s
+        Slot::reserve_index(&mut self.slots, t.index());
+        let key_hi = self.key_hi();
+        Slot::current_in(&mut self.slots, key_hi, t)
     }
 
     fn bid(&self, t: TensorId) -> i32 {
@@ -780,7 +801,13 @@ impl Scheduler {
         id: TensorId,
         t: &Tensor,
     ) -> Result<(i32, Cause)> {
-        let root = Self::root_storage(ctx, t);
+        // the view root, looked up once (a stale one only fails below, as the seed's order has
+        // it: its storage counts as none first)
+        let view_root = t.view_src().map(|vs| ctx.get(vs));
+        let root = match &view_root {
+            Some(vt) => vt.as_ref().ok().and_then(|vt| vt.storage()),
+            None => t.storage(),
+        };
         if let Some(st) = root {
             let facts = memo.facts(st, devices);
             let b = Self::backend_from_facts(devices, ctx, facts, st, t, id);
@@ -788,8 +815,8 @@ impl Scheduler {
                 return Ok((b, Cause::Dst));
             }
         }
-        if let Some(vs) = t.view_src() {
-            let vt = ctx.get(vs)?;
+        if let Some(vt) = view_root {
+            let vt = vt?;
             // A root that is no view itself decides through the storage just asked about,
             // with the same op: the answer is the same -1, so it is not asked again.
             if vt.view_src().is_some()
@@ -961,7 +988,8 @@ impl Scheduler {
                 let nodes = graph.nodes();
                 self.pass2(ctx, nodes, &compute, &mut bids, any_gpu);
                 self.pass3(ctx, nodes, &compute, &bids)?;
-                self.pass4(ctx, graph, &compute, &mut bids)?;
+                let key_hi = self.key_hi();
+                Self::pass4(&mut self.slots, key_hi, ctx, graph, &mut bids)?;
                 // pass 5: splits and input copies
                 self.pass5(ctx, graph, &compute, &bids)
             });
@@ -980,10 +1008,10 @@ impl Scheduler {
 
     /// Pass 1 for one tensor: `bid`, and when unassigned `backend_id_from_cur` then
     /// `set_bid`, on one slot access (`slots`, `memo`, `devices` and `key_hi` are the
-    /// scheduler's, passed apart).
+    /// scheduler's, passed apart; `slots` holds every tensor of `ctx`).
     #[inline(always)]
     fn assign(
-        slots: &mut Vec<Slot>,
+        slots: &mut [Slot],
         memo: &mut BufferMemo,
         devices: &[Device],
         key_hi: u64,
@@ -992,19 +1020,18 @@ impl Scheduler {
         t: &Tensor,
     ) -> Result<i32> {
         let key = Slot::key_of(key_hi, id);
-        let i = id.index();
-        Slot::reserve_index(slots, i);
-        let s = &mut slots[i];
+        let s = &mut slots[id.index()];
         let valid = s.key == key;
         if valid && s.backend != -1 {
             return Ok(s.backend);
         }
         let (b, c) = Self::backend_id_from_cur(memo, devices, ctx, id, t)?;
-        if !valid {
-            *s = Slot::fresh(key);
-        }
-        s.backend = b;
-        s.cause = c;
+        let old = if valid { *s } else { Slot::fresh(key) };
+        *s = Slot {
+            backend: b,
+            cause: c,
+            ..old
+        };
         Ok(b)
     }
 
@@ -1029,10 +1056,10 @@ impl Scheduler {
         if let Some(last) = ctx.len().checked_sub(1) {
             Slot::reserve_index(&mut self.slots, last);
         }
-        let key_hi = u64::from(self.epoch) << 32;
+        let key_hi = self.key_hi();
         let memo = &mut self.buffer_memo;
         let devices = &self.devices[..];
-        let slots = &mut self.slots;
+        let slots = &mut self.slots[..];
         for &leaf in leafs {
             let t = ctx.get(leaf)?;
             Self::assign(slots, memo, devices, key_hi, ctx, leaf, t)?;
@@ -1043,7 +1070,7 @@ impl Scheduler {
         for (pos, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             let b = Self::assign(slots, memo, devices, key_hi, ctx, node, t)?;
-            any_gpu |= b != -1 && b != n_b - 1;
+            any_gpu |= (0..n_b - 1).contains(&b);
             if !t.op().is_view_op() {
                 compute.push(pos);
                 bids.push(b);
@@ -1066,26 +1093,49 @@ impl Scheduler {
         bids: &mut [i32],
         any_gpu: bool,
     ) {
-        let n_b = self.backends.len() as i32;
         let n = compute.len().min(bids.len());
         for only_gpu in [true, false] {
             if only_gpu && !any_gpu {
                 // every assigned node is on the last backend: these sweeps would set nothing
                 continue;
             }
-            for up in [false, true] {
-                let mut cur: i32 = -1;
-                for k in 0..n {
-                    let k = if up { n - 1 - k } else { k };
-                    let b = bids[k];
-                    if b != -1 {
-                        cur = if only_gpu && b == n_b - 1 { -1 } else { b };
-                    } else if cur != -1 && self.set_if_supported(ctx, nodes[compute[k]], cur) {
-                        bids[k] = cur;
-                    }
-                }
+            let last_unassigned = self.pass2_sweep(ctx, nodes, compute, bids, 0..n, only_gpu);
+            // Above the last node the down sweep left without a backend every node has one, so
+            // the up sweep sets nothing there and only the next node decides what it expands:
+            // it starts at that node.
+            let start = last_unassigned.map_or(0, |k| (k + 2).min(n));
+            self.pass2_sweep(ctx, nodes, compute, bids, (0..start).rev(), only_gpu);
+        }
+    }
+
+    /// One sweep of pass 2 over the compute nodes `ks`, in that order: a node with a backend
+    /// sets the backend expanded (none for the last backend when `only_gpu`), a node without
+    /// gets it where its device runs the op. Returns the last `k` visited that is left
+    /// without a backend.
+    #[inline(always)]
+    fn pass2_sweep(
+        &mut self,
+        ctx: &Context,
+        nodes: &[TensorId],
+        compute: &[usize],
+        bids: &mut [i32],
+        ks: impl Iterator<Item = usize>,
+        only_gpu: bool,
+    ) -> Option<usize> {
+        let last = self.backends.len() as i32 - 1;
+        let mut cur: i32 = -1;
+        let mut unassigned = None;
+        for k in ks {
+            let b = bids[k];
+            if b != -1 {
+                cur = if only_gpu && b == last { -1 } else { b };
+            } else if cur != -1 && self.set_if_supported(ctx, nodes[compute[k]], cur) {
+                bids[k] = cur;
+            } else {
+                unassigned = Some(k);
             }
         }
+        unassigned
     }
 
     /// Pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
@@ -1103,11 +1153,11 @@ impl Scheduler {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
         for (&pos, &b) in compute.iter().zip(bids) {
-            let node = nodes[pos];
             if b == 0 || (b > 0 && !self.upgradable.get(b as usize).copied().unwrap_or(false)) {
                 // nothing to upgrade to
                 continue;
             }
+            let node = nodes[pos];
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
             if b == -1 {
@@ -1156,65 +1206,84 @@ impl Scheduler {
 
     /// Pass 4: sources and views without a backend follow their root or their consumer.
     ///
-    /// Also notes, for pass 5, each compute node (`nodes[compute[k]]`) whose backend and
-    /// sources' backends are settled and equal: `bids[k]` becomes that backend, else
-    /// [`UNSETTLED`]. Settled is final: pass 4 only assigns tensors without a backend.
+    /// Also notes, for pass 5, each compute node whose backend and sources' backends are
+    /// settled and equal: its entry in `bids` (one per compute node, in order, as pass 1
+    /// listed them) becomes that backend, else [`UNSETTLED`]. Settled is final: pass 4 only
+    /// assigns tensors without a backend.
+    ///
+    /// The slot table (which holds every tensor of `ctx` since pass 1) is walked through
+    /// `slots` and `key_hi`, the scheduler's passed apart, so that the per-source loop keeps
+    /// them in registers.
     #[inline(never)]
     fn pass4(
-        &mut self,
+        slots: &mut [Slot],
+        key_hi: u64,
         ctx: &Context,
         graph: &Graph,
-        compute: &[usize],
         bids: &mut [i32],
     ) -> Result<()> {
-        let nodes = graph.nodes();
-        let mut k = 0;
+        let mut bids = bids.iter_mut();
         // pass 4: sources and views without a backend follow their root or their consumer
-        for (pos, &node) in nodes.iter().enumerate() {
+        for &node in graph.nodes() {
             let t = ctx.get(node)?;
-            let srcs = t.srcs_used();
-            let mut cur = self.bid(node);
+            let mut cur = Slot::backend_in(slots, key_hi, node);
             if cur == -1
                 && let Some(vs) = t.view_src()
             {
-                let b = self.bid(vs);
+                let b = Slot::backend_in(slots, key_hi, vs);
                 if b != -1 {
-                    self.set_bid(node, b, Cause::FromViewSrc);
+                    Slot::set_in(slots, key_hi, node, b, Cause::FromViewSrc);
                     cur = b;
                 }
             }
-            // every source ends this step on `cur` (and `cur` is a backend)
-            let mut settled = cur != -1;
-            for s in srcs.iter().flatten() {
-                let mut sb = self.bid(*s);
-                if sb == -1 {
-                    match ctx.get(*s)?.view_src() {
-                        Some(svs) => {
-                            let b = self.bid(svs);
-                            if b != -1 {
-                                self.set_bid(*s, b, Cause::FromViewSrc);
-                                sb = b;
-                            }
-                        }
-                        None => {
-                            if cur != -1 {
-                                self.set_bid(*s, cur, Cause::FromConsumer);
-                                sb = cur;
-                            }
-                        }
-                    }
-                }
-                settled &= sb == cur;
+            // every source ends this step on `cur` (and `cur` is a backend); a source without
+            // a backend (which leaves the node unsettled) is rare, and then the sources are
+            // walked again, assigning as they go
+            let srcs = t.srcs_used();
+            let bid = |s: &TensorId| Slot::backend_in(slots, key_hi, *s);
+            let mut settled = cur != -1 && srcs.iter().flatten().all(|s| bid(s) == cur);
+            if !settled && srcs.iter().flatten().any(|s| bid(s) == -1) {
+                settled = Self::pass4_sources(slots, key_hi, ctx, t, cur)?;
             }
-            if compute.get(k) == Some(&pos) {
-                if let Some(b) = bids.get_mut(k) {
-                    *b = if settled { cur } else { UNSETTLED };
-                }
-                k += 1;
+            // pass 1 listed exactly the non-view nodes
+            if !t.op().is_view_op()
+                && let Some(b) = bids.next()
+            {
+                *b = if settled { cur } else { UNSETTLED };
             }
         }
 
         Ok(())
+    }
+
+    /// Pass 4 for the sources of `t`, a node on `cur` (-1: none) with a source without a
+    /// backend: in order, a view follows its root, anything else its consumer. Returns whether
+    /// every source ends on `cur` and `cur` is a backend.
+    #[cold]
+    #[inline(never)]
+    fn pass4_sources(
+        slots: &mut [Slot],
+        key_hi: u64,
+        ctx: &Context,
+        t: &Tensor,
+        cur: i32,
+    ) -> Result<bool> {
+        let mut settled = cur != -1;
+        for &s in t.srcs_used().iter().flatten() {
+            let mut sb = Slot::backend_in(slots, key_hi, s);
+            if sb == -1 {
+                let (b, cause) = match ctx.get(s)?.view_src() {
+                    Some(svs) => (Slot::backend_in(slots, key_hi, svs), Cause::FromViewSrc),
+                    None => (cur, Cause::FromConsumer),
+                };
+                if b != -1 {
+                    Slot::set_in(slots, key_hi, s, b, cause);
+                    sb = b;
+                }
+            }
+            settled &= sb == cur;
+        }
+        Ok(settled)
     }
 
     fn new_split(&mut self, i_split: usize, backend: usize, start: usize) {
@@ -1255,11 +1324,12 @@ impl Scheduler {
         Ok(copy)
     }
 
-    #[inline(never)]
+    /// Pass 5: splits and input copies.
     ///
     /// `compute` holds the positions of the compute (non-view) nodes, from pass 1, and
     /// `bids` what pass 4 noted of them: a node settled on one backend with all its sources
     /// needs no source check and no copy without pipeline copies.
+    #[inline(never)]
     fn pass5(
         &mut self,
         ctx: &mut Context,
@@ -1268,6 +1338,7 @@ impl Scheduler {
         bids: &[i32],
     ) -> Result<()> {
         let nodes = graph.nodes();
+        let no_pipeline = self.n_copies == 1;
         let mut i_split = 0usize;
         // the first split's backend: the first non-view node's (kept from the last plan when
         // every node is a view, as the seed does)
@@ -1285,11 +1356,8 @@ impl Scheduler {
         }
         self.new_split(0, first_backend, 0);
         let mut cur = first_backend as i32;
-        for (k, &i) in compute.iter().enumerate() {
-            if self.n_copies == 1
-                && let Some(&nb) = bids.get(k)
-                && nb != UNSETTLED
-            {
+        for (&i, &nb) in compute.iter().zip(bids) {
+            if no_pipeline && nb != UNSETTLED {
                 // every source is on `nb`: the new-split check below finds nothing, and
                 // nothing is copied (the general path would decide the same)
                 if nb != cur {
@@ -1466,8 +1534,8 @@ impl Scheduler {
             let (start, end) = (self.splits[si].start, self.splits[si].end);
             let split_nodes = &graph.nodes()[start..end];
             self.alloc_graph.extend_nodes(split_nodes)?;
-            let key_hi = u64::from(self.epoch) << 32;
-            let slots = &self.slots;
+            let key_hi = self.key_hi();
+            let slots = &self.slots[..];
             for (id, &node) in self.node_ids[n..n + split_nodes.len()]
                 .iter_mut()
                 .zip(split_nodes)
@@ -1508,8 +1576,8 @@ impl Scheduler {
         }
         let leafs = graph.leafs();
         self.alloc_graph.extend_leafs(leafs)?;
-        let key_hi = u64::from(self.epoch) << 32;
-        let slots = &self.slots;
+        let key_hi = self.key_hi();
+        let slots = &self.slots[..];
         for (id, &leaf) in self.leaf_ids[l..l + leafs.len()].iter_mut().zip(leafs) {
             *id = Slot::backend_in(slots, key_hi, leaf);
         }
