@@ -28,10 +28,16 @@
 //! # Design choices
 //!
 //! * **Matrix products** use the [`gemm`] crate for products with at least 16 columns in
-//!   `src1` (prefill, batched work): it is maintained, pure Rust, selects AVX2/AVX-512/NEON
-//!   kernels at run time, reaches close to peak FLOP/s, and needs no C toolchain. We call it
-//!   single-threaded on row blocks from our own pool, so no second thread pool exists. f16,
-//!   bf16 and q8_0 weights are dequantized into a per-thread f32 panel first. Thin products
+//!   `src1` (80 for f32 weights; prefill, batched work): it is maintained, pure Rust, selects
+//!   AVX2/AVX-512/NEON kernels at run time, reaches close to peak FLOP/s, and needs no C
+//!   toolchain. We call it single-threaded on row blocks from our own pool, so no second
+//!   thread pool exists. f16, bf16 and q8_0 weights are dequantized into a per-thread f32
+//!   panel first. f32 weights with 4 to 79 columns take register tiles of 4 rows × 3 columns
+//!   instead (twelve accumulators, each row and column vector loaded once per step, the
+//!   length cut into passes that keep a unit's rows and columns in L2): with so few columns
+//!   the gemm's packing is not paid back, and on the development machine (one thread) the
+//!   tiles took 0.6× its time at 32 columns and 0.74× at 64, while from 96 columns the gemm
+//!   was faster. Thin products
 //!   (decode: 1 to 15 columns) are memory bound, so they take a dot-product path: f32/f16/bf16
 //!   rows against f32 columns; for q8_0/q4_0 weights the columns are quantized to q8_0 once
 //!   and each row is dotted block by block with integer sums, as ggml does. q4_0 and f32 rows

@@ -616,9 +616,9 @@ fn mul_mat_thin_all_types() {
     }
 }
 
-/// Batched products (at least 16 columns): the gemm path for f32, f16, bf16 and q8_0
-/// weights, and for q4_0 the dot path with its four-column calls (33 = 8 · 4 + 1 columns,
-/// 20 = 5 · 4).
+/// Batched products (at least 16 columns): the gemm path for f16, bf16 and q8_0 weights
+/// and for f32 from 80 columns (f32 below that: the tiles), and for q4_0 the dot path with
+/// its four-column calls (33 = 8 · 4 + 1 columns, 20 = 5 · 4).
 #[test]
 #[cfg_attr(miri, ignore = "gemm path: large shapes and SIMD")]
 fn mul_mat_batched_all_types() {
@@ -627,6 +627,50 @@ fn mul_mat_batched_all_types() {
             mul_mat_case(ty, 128, 70, 33, [1, 1], [1, 1], false, nth);
             mul_mat_case(ty, 64, 48, 20, [2, 1], [1, 2], true, nth);
         }
+    }
+    for &nth in THREADS {
+        mul_mat_case(T::F32, 96, 40, 90, [1, 1], [1, 1], false, nth);
+        mul_mat_case(T::F32, 64, 33, 81, [2, 1], [1, 2], true, nth);
+    }
+}
+
+/// The f32 tiles' edges: row counts that are not a multiple of the 4-row tiles or the
+/// 16-row units, column counts that are not a multiple of the 3-column tiles, lengths cut
+/// into several passes (1024 floats each below 32 columns, 256 at 79) with a tail that is
+/// not a multiple of 8, a strided src1, and src0 rows that are not f32-aligned (a view at
+/// a byte offset of 2), which the tiles read from a copy.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "minutes under Miri; mul_mat_thin_small_for_miri covers the tiles"
+)]
+fn mul_mat_tiles_f32_edges() {
+    for &nth in THREADS {
+        for (k, m, n) in [
+            (8, 16, 4),
+            (37, 5, 5),
+            (2500, 23, 7),
+            (3001, 17, 79),
+            (1030, 50, 31),
+        ] {
+            mul_mat_case(T::F32, k, m, n, [1, 1], [1, 1], false, nth);
+            mul_mat_case(T::F32, k, m, n, [1, 1], [1, 1], true, nth);
+        }
+        mul_mat_case(T::F32, 40, 21, 6, [2, 3], [2, 1], false, nth);
+        // Weights at a byte offset of 2: no row is f32-aligned, so the tiles read a copy.
+        let mut ctx = Context::new();
+        let a0 = ctx.new_tensor_2d(T::F32, 46, 19).unwrap();
+        let a = ctx.view_2d(a0, 45, 19, 46 * 4, 2).unwrap();
+        let b = ctx.new_tensor_2d(T::F32, 45, 8).unwrap();
+        let c = ctx.mul_mat(a, b).unwrap();
+        let g = graph_of(&mut ctx, &[c]);
+        let _buf = alloc_all(&mut ctx);
+        let mut rng = Rng::new(91);
+        fill(&ctx, a0, &mut rng);
+        fill(&ctx, b, &mut rng);
+        compute(&ctx, &g, nth);
+        let reference = mul_mat_ref(&read(&ctx, a), ctx[a].ne(), &read(&ctx, b), ctx[b].ne());
+        check("misaligned src0", &read(&ctx, c), &reference, F32_TOL);
     }
 }
 
@@ -785,12 +829,15 @@ fn unallocated_tensor_is_an_error() {
 }
 
 /// The Miri subset's matrix products: the thin (dot-product) path for a plain and a block
-/// type, broadcast and a transposed src1, at the smallest shapes that still cover them.
+/// type, the f32 tiles, broadcast and a transposed src1, at the smallest shapes that still
+/// cover them.
 #[test]
 fn mul_mat_thin_small_for_miri() {
     for ty in [T::F32, T::Q4_0] {
         mul_mat_case(ty, 32, 3, 1, [1, 1], [1, 1], false, 2);
         mul_mat_case(ty, 32, 2, 2, [1, 1], [2, 1], true, 1);
+        // f32: the tiles (from 4 columns); q4_0: a four-column call and one more.
+        mul_mat_case(ty, 32, 5, 5, [1, 1], [1, 1], true, 2);
     }
 }
 
