@@ -641,8 +641,10 @@ impl GraphAllocator {
                         got: ids.len(),
                     });
                 }
-                // a branch-free maximum first (vectorised); the offender only on failure
-                if ids.iter().fold(0, |m, &id| m.max(id)) >= n_buffers
+                // A branch-free bitwise or first (vectorised; an unsigned maximum is not on
+                // baseline x86-64): it is at least the largest id, so below `n_buffers` every
+                // id is in range. Only otherwise are the ids searched for an offender.
+                if ids.iter().fold(0, |m, &id| m | id) >= n_buffers
                     && let Some(&id) = ids.iter().find(|&&id| id >= n_buffers)
                 {
                     return Err(AllocError::BufferIdOutOfRange { id, n_buffers });
