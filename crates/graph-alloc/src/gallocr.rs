@@ -60,6 +60,15 @@ const EXTRA: EdgeRef = 1 << 30;
 /// Positions and extra indices must stay below this to be encoded.
 const POS_LIMIT: usize = 1 << 30;
 
+/// Position `j` with `tag` (0 for a node, [`LEAF`]), or [`EMPTY`] past [`POS_LIMIT`].
+fn encode_pos(j: usize, tag: EdgeRef) -> EdgeRef {
+    if j < POS_LIMIT {
+        tag | j as EdgeRef
+    } else {
+        EMPTY
+    }
+}
+
 /// The recorded plan of one node position: the node's slot and where each source's is.
 #[derive(Copy, Clone, Debug)]
 struct NodePlan {
@@ -90,7 +99,7 @@ struct Record {
     buffer_id: u32,
     /// The buffer id `size` was computed for ([`NO_BID`]: not yet).
     size_bid: u32,
-    /// First position of the tensor in the graph whose plan is being recorded.
+    /// First position of the tensor in the graph being planned (leafs first, then nodes).
     pos: EdgeRef,
     offset: usize,
     /// `bufts[size_bid].alloc_size(tensor)`: asked once per pass, not at allocation, free
@@ -224,6 +233,9 @@ pub struct GraphAllocator {
     leaf_slots: Vec<Slot>,
     /// Slots of source edges whose tensor sits at no earlier position ([`EXTRA`]).
     extra_slots: Vec<Slot>,
+    /// The edges that get an extra slot, as (node position, source slot), in plan order:
+    /// found while planning, given their slots once planning is done.
+    extra_edges: Vec<(usize, usize)>,
     /// What the last plan check learnt for placement (see [`Settled`]).
     settled: Settled,
     n_nodes: usize,
@@ -268,6 +280,7 @@ impl GraphAllocator {
             node_plans: Vec::new(),
             leaf_slots: Vec::new(),
             extra_slots: Vec::new(),
+            extra_edges: Vec::new(),
             settled: Settled::default(),
             n_nodes: 0,
             n_leafs: 0,
@@ -673,6 +686,9 @@ impl GraphAllocator {
         for p in &mut self.planners {
             p.reset();
         }
+        if self.node_plans.len() < nodes.len() {
+            self.node_plans.resize(nodes.len(), NodePlan::default());
+        }
         self.plan(ctx, nodes, leafs, node_ids, leaf_ids)?;
         self.record_plan(ctx, nodes, leafs)?;
         self.n_nodes = nodes.len();
@@ -709,23 +725,18 @@ impl GraphAllocator {
         Ok(())
     }
 
-    /// Record the plan by position from the final planning state: each leaf's slot, each
-    /// node's slot and, per source edge, the position its tensor was first seen at (leafs
-    /// first, then nodes in order), or an extra slot for a source seen at no earlier
-    /// position.
+    /// Record the slots of the plan from the final planning state: each leaf's, each node's
+    /// and, for the source edges planning found at no earlier position, an extra slot each.
+    /// (Planning has recorded every other edge as the position its source was first seen at.)
     fn record_plan(
         &mut self,
         ctx: &Context,
         nodes: &[TensorId],
         leafs: &[TensorId],
     ) -> Result<(), AllocError> {
-        if self.node_plans.len() < nodes.len() {
-            self.node_plans.resize(nodes.len(), NodePlan::default());
-        }
         if self.leaf_slots.len() < leafs.len() {
             self.leaf_slots.resize(leafs.len(), Slot::NONE);
         }
-        self.extra_slots.clear();
         let st = &mut self.settled;
         if st.node.len() < nodes.len() {
             st.node.resize(nodes.len(), false);
@@ -735,43 +746,27 @@ impl GraphAllocator {
             st.leaf.resize(leafs.len(), false);
         }
         let (records, bufts) = (&mut self.records, &self.bufts[..]);
-        for (j, (&leaf, ls)) in leafs.iter().zip(&mut self.leaf_slots).enumerate() {
-            let t = ctx.get(leaf)?;
-            let r = records.get(leaf);
-            *ls = Self::slot_of(bufts, t, r);
-            if r.pos == EMPTY && j < POS_LIMIT {
-                r.pos = LEAF | j as u32;
-            }
+        for (&leaf, ls) in leafs.iter().zip(&mut self.leaf_slots) {
+            *ls = Self::slot_of(bufts, ctx.get(leaf)?, records.get(leaf));
         }
-        for (i, (&node, np)) in nodes.iter().zip(&mut self.node_plans).enumerate() {
-            let t = ctx.get(node)?;
-            let r = records.get(node);
-            np.dst = Self::slot_of(bufts, t, r);
-            if r.pos == EMPTY && i < POS_LIMIT {
-                r.pos = i as u32;
-            }
-            np.edges = [EMPTY; MAX_SRC];
-            for (e, s) in np.edges.iter_mut().zip(t.srcs_used()) {
-                let Some(s) = *s else {
-                    continue;
-                };
-                let r = records.get(s);
-                *e = if r.pos != EMPTY {
-                    r.pos
-                } else {
-                    // A source at no earlier position (a later node, or in no list). Past
-                    // 2^30 such edges (unreachable in practice) the edge records no slot, so
-                    // a later alloc_graph asks for a reserve instead of misplacing it.
-                    let slot = Self::slot_of(bufts, ctx.get(s)?, r);
-                    let x = self.extra_slots.len();
-                    if x < POS_LIMIT {
-                        self.extra_slots.push(slot);
-                        EXTRA | x as u32
-                    } else {
-                        EMPTY
-                    }
-                };
-            }
+        for (&node, np) in nodes.iter().zip(&mut self.node_plans) {
+            np.dst = Self::slot_of(bufts, ctx.get(node)?, records.get(node));
+        }
+        self.extra_slots.clear();
+        for &(i, k) in &self.extra_edges {
+            let Some(s) = ctx.get(nodes[i])?.src(k) else {
+                continue;
+            };
+            let slot = Self::slot_of(bufts, ctx.get(s)?, records.get(s));
+            // Past 2^30 such edges (unreachable in practice) the edge records no slot, so a
+            // later alloc_graph asks for a reserve instead of misplacing it.
+            let x = self.extra_slots.len();
+            self.node_plans[i].edges[k] = if x < POS_LIMIT {
+                self.extra_slots.push(slot);
+                EXTRA | x as u32
+            } else {
+                EMPTY
+            };
         }
         Ok(())
     }
@@ -787,6 +782,10 @@ impl GraphAllocator {
         }
     }
 
+    /// Plan the graph: the three phases of the module docs. On the way it records where the
+    /// slot of each source edge will be found: the position its tensor was first seen at
+    /// (leafs first, then nodes in order; all such positions are known when the walk reaches
+    /// the edge), or, for a source at no earlier position, an entry of `extra_edges`.
     fn plan(
         &mut self,
         ctx: &Context,
@@ -795,18 +794,21 @@ impl GraphAllocator {
         node_ids: Option<&[usize]>,
         leaf_ids: Option<&[usize]>,
     ) -> Result<(), AllocError> {
-        let node_id = |i: usize| node_ids.map_or(0, |ids| ids[i]);
-        let leaf_id = |i: usize| leaf_ids.map_or(0, |ids| ids[i]);
+        // (check_ids has matched the lengths; no ids means id 0 everywhere)
+        let (node_ids, leaf_ids) = (node_ids.unwrap_or_default(), leaf_ids.unwrap_or_default());
+        let node_id = |i: usize| node_ids.get(i).copied().unwrap_or(0);
+        let leaf_id = |i: usize| leaf_ids.get(i).copied().unwrap_or(0);
+        self.extra_edges.clear();
 
         // Phase 1: leafs.
-        for (i, &leaf) in leafs.iter().enumerate() {
+        for (j, &leaf) in leafs.iter().enumerate() {
             let t = ctx.get(leaf)?;
             if let Some(root) = t.view_src()
                 && t.flags().contains(TensorFlags::OUTPUT)
             {
                 self.records.get(root).output_view = true;
             }
-            self.allocate_node(ctx, leaf, leaf_id(i))?;
+            self.allocate_at(ctx, leaf, t, leaf_id(j), encode_pos(j, LEAF))?;
         }
 
         // Phase 2: count consumers and views, place INPUT tensors.
@@ -835,13 +837,23 @@ impl GraphAllocator {
         // Phase 3: walk the nodes, placing each and freeing parents after their last use.
         for (i, &node) in nodes.iter().enumerate() {
             let b = node_id(i);
-            let srcs = ctx.get(node)?.srcs_used();
+            let t = ctx.get(node)?;
+            let srcs = t.srcs_used();
             for s in srcs.iter().flatten() {
                 self.allocate_node(ctx, *s, b)?;
             }
-            self.allocate_node(ctx, node, b)?;
-            for &p in srcs.iter().flatten() {
+            self.allocate_at(ctx, node, t, b, encode_pos(i, 0))?;
+            let mut edges = [EMPTY; MAX_SRC];
+            for (k, (e, &p)) in edges.iter_mut().zip(srcs).enumerate() {
+                let Some(p) = p else {
+                    continue;
+                };
                 let r = self.records.get(p);
+                if r.pos != EMPTY {
+                    *e = r.pos;
+                } else {
+                    self.extra_edges.push((i, k));
+                }
                 r.n_children -= 1;
                 if r.n_children != 0 || r.n_views != 0 {
                     continue;
@@ -857,6 +869,7 @@ impl GraphAllocator {
                     self.free_node(ctx, p)?;
                 }
             }
+            self.node_plans[i].edges = edges;
         }
         Ok(())
     }
@@ -872,6 +885,28 @@ impl GraphAllocator {
     ) -> Result<(), AllocError> {
         let t = ctx.get(id)?;
         let rec = self.records.get(id);
+        if t.has_storage() || rec.allocated || t.is_view() {
+            return Ok(());
+        }
+        rec.allocated = true;
+        self.allocate_new(ctx, id, t, buffer_id)
+    }
+
+    /// [`GraphAllocator::allocate_node`] for the tensor `t` (`id`) at position `pos` of the
+    /// graph, which becomes the tensor's position if it is the first one seen.
+    #[inline(always)]
+    fn allocate_at(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+        buffer_id: usize,
+        pos: EdgeRef,
+    ) -> Result<(), AllocError> {
+        let rec = self.records.get(id);
+        if rec.pos == EMPTY {
+            rec.pos = pos;
+        }
         if t.has_storage() || rec.allocated || t.is_view() {
             return Ok(());
         }
