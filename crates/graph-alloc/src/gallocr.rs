@@ -466,13 +466,18 @@ impl GraphAllocator {
             }
         }
         let st_leaf = &*st_leaf;
-        for (i, (&node, np)) in nodes.iter().zip(&self.node_plans).enumerate() {
+        let plans = nodes.iter().zip(&self.node_plans).zip(st_scan);
+        for (i, ((&node, np), st_scan)) in plans.enumerate() {
             let Ok(t) = ctx.get(node) else {
                 return false;
             };
             if !self.slot_fits(t, &np.dst) {
                 return false;
             }
+            // (only a node before this one can be settled)
+            let Some(earlier) = st_node.get(..i) else {
+                return false;
+            };
             let mut scan = 0u16;
             for (k, (s, &e)) in t.srcs_used().iter().zip(&np.edges).enumerate() {
                 let Some(s) = *s else {
@@ -483,7 +488,7 @@ impl GraphAllocator {
                 let (covered, settled) = if e < EXTRA {
                     let j = e as usize;
                     let c = nodes.get(j) == Some(&s);
-                    (c, c && j < i && st_node.get(j).is_some_and(|&v| v))
+                    (c, c && earlier.get(j).is_some_and(|&v| v))
                 } else if e & (LEAF | EXTRA) == LEAF {
                     let j = (e & !LEAF) as usize;
                     let c = leafs.get(j) == Some(&s);
@@ -502,10 +507,10 @@ impl GraphAllocator {
                     _ => return false,
                 }
             }
-            if let (Some(v), Some(m)) = (st_node.get_mut(i), st_scan.get_mut(i)) {
+            if let Some(v) = st_node.get_mut(i) {
                 *v = Self::settles(ctx, t);
-                *m = scan;
             }
+            *st_scan = scan;
         }
         true
     }
