@@ -59,6 +59,7 @@ impl DynAllocator {
     }
 
     /// Take `size` bytes (padded to the alignment); returns their offset.
+    #[inline]
     pub(crate) fn alloc(&mut self, size: usize) -> Result<usize, AllocError> {
         let size = pad(size, self.alignment).ok_or(AllocError::AddressSpaceExhausted { size })?;
         let n = self.blocks.len();
@@ -91,6 +92,7 @@ impl DynAllocator {
     }
 
     /// Give back `size` bytes (padded to the alignment) at `offset`, merging with neighbours.
+    #[inline]
     pub(crate) fn free(&mut self, offset: usize, size: usize) {
         // A size that could not have been allocated cannot be freed either; ignore it.
         let Some(size) = pad(size, self.alignment) else {

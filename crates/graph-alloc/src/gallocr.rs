@@ -60,6 +60,15 @@ const EXTRA: EdgeRef = 1 << 30;
 /// Positions and extra indices must stay below this to be encoded.
 const POS_LIMIT: usize = 1 << 30;
 
+/// Position `j` with `tag` (0 for a node, [`LEAF`]), or [`EMPTY`] past [`POS_LIMIT`].
+fn encode_pos(j: usize, tag: EdgeRef) -> EdgeRef {
+    if j < POS_LIMIT {
+        tag | j as EdgeRef
+    } else {
+        EMPTY
+    }
+}
+
 /// The recorded plan of one node position: the node's slot and where each source's is.
 #[derive(Copy, Clone, Debug)]
 struct NodePlan {
@@ -90,7 +99,7 @@ struct Record {
     buffer_id: u32,
     /// The buffer id `size` was computed for ([`NO_BID`]: not yet).
     size_bid: u32,
-    /// First position of the tensor in the graph whose plan is being recorded.
+    /// First position of the tensor in the graph being planned (leafs first, then nodes).
     pos: EdgeRef,
     offset: usize,
     /// `bufts[size_bid].alloc_size(tensor)`: asked once per pass, not at allocation, free
@@ -224,6 +233,9 @@ pub struct GraphAllocator {
     leaf_slots: Vec<Slot>,
     /// Slots of source edges whose tensor sits at no earlier position ([`EXTRA`]).
     extra_slots: Vec<Slot>,
+    /// The edges that get an extra slot, as (node position, source slot), in plan order:
+    /// found while planning, given their slots once planning is done.
+    extra_edges: Vec<(usize, usize)>,
     /// What the last plan check learnt for placement (see [`Settled`]).
     settled: Settled,
     n_nodes: usize,
@@ -268,6 +280,7 @@ impl GraphAllocator {
             node_plans: Vec::new(),
             leaf_slots: Vec::new(),
             extra_slots: Vec::new(),
+            extra_edges: Vec::new(),
             settled: Settled::default(),
             n_nodes: 0,
             n_leafs: 0,
@@ -453,13 +466,18 @@ impl GraphAllocator {
             }
         }
         let st_leaf = &*st_leaf;
-        for (i, (&node, np)) in nodes.iter().zip(&self.node_plans).enumerate() {
+        let plans = nodes.iter().zip(&self.node_plans).zip(st_scan);
+        for (i, ((&node, np), st_scan)) in plans.enumerate() {
             let Ok(t) = ctx.get(node) else {
                 return false;
             };
             if !self.slot_fits(t, &np.dst) {
                 return false;
             }
+            // (only a node before this one can be settled)
+            let Some(earlier) = st_node.get(..i) else {
+                return false;
+            };
             let mut scan = 0u16;
             for (k, (s, &e)) in t.srcs_used().iter().zip(&np.edges).enumerate() {
                 let Some(s) = *s else {
@@ -470,7 +488,7 @@ impl GraphAllocator {
                 let (covered, settled) = if e < EXTRA {
                     let j = e as usize;
                     let c = nodes.get(j) == Some(&s);
-                    (c, c && j < i && st_node.get(j).is_some_and(|&v| v))
+                    (c, c && earlier.get(j).is_some_and(|&v| v))
                 } else if e & (LEAF | EXTRA) == LEAF {
                     let j = (e & !LEAF) as usize;
                     let c = leafs.get(j) == Some(&s);
@@ -489,10 +507,10 @@ impl GraphAllocator {
                     _ => return false,
                 }
             }
-            if let (Some(v), Some(m)) = (st_node.get_mut(i), st_scan.get_mut(i)) {
+            if let Some(v) = st_node.get_mut(i) {
                 *v = Self::settles(ctx, t);
-                *m = scan;
             }
+            *st_scan = scan;
         }
         true
     }
@@ -641,8 +659,10 @@ impl GraphAllocator {
                         got: ids.len(),
                     });
                 }
-                // a branch-free maximum first (vectorised); the offender only on failure
-                if ids.iter().fold(0, |m, &id| m.max(id)) >= n_buffers
+                // A branch-free bitwise or first (vectorised; an unsigned maximum is not on
+                // baseline x86-64): it is at least the largest id, so below `n_buffers` every
+                // id is in range. Only otherwise are the ids searched for an offender.
+                if ids.iter().fold(0, |m, &id| m | id) >= n_buffers
                     && let Some(&id) = ids.iter().find(|&&id| id >= n_buffers)
                 {
                     return Err(AllocError::BufferIdOutOfRange { id, n_buffers });
@@ -670,6 +690,9 @@ impl GraphAllocator {
         self.records.begin(ctx.len());
         for p in &mut self.planners {
             p.reset();
+        }
+        if self.node_plans.len() < nodes.len() {
+            self.node_plans.resize(nodes.len(), NodePlan::default());
         }
         self.plan(ctx, nodes, leafs, node_ids, leaf_ids)?;
         self.record_plan(ctx, nodes, leafs)?;
@@ -707,23 +730,18 @@ impl GraphAllocator {
         Ok(())
     }
 
-    /// Record the plan by position from the final planning state: each leaf's slot, each
-    /// node's slot and, per source edge, the position its tensor was first seen at (leafs
-    /// first, then nodes in order), or an extra slot for a source seen at no earlier
-    /// position.
+    /// Record the slots of the plan from the final planning state: each leaf's, each node's
+    /// and, for the source edges planning found at no earlier position, an extra slot each.
+    /// (Planning has recorded every other edge as the position its source was first seen at.)
     fn record_plan(
         &mut self,
         ctx: &Context,
         nodes: &[TensorId],
         leafs: &[TensorId],
     ) -> Result<(), AllocError> {
-        if self.node_plans.len() < nodes.len() {
-            self.node_plans.resize(nodes.len(), NodePlan::default());
-        }
         if self.leaf_slots.len() < leafs.len() {
             self.leaf_slots.resize(leafs.len(), Slot::NONE);
         }
-        self.extra_slots.clear();
         let st = &mut self.settled;
         if st.node.len() < nodes.len() {
             st.node.resize(nodes.len(), false);
@@ -733,43 +751,27 @@ impl GraphAllocator {
             st.leaf.resize(leafs.len(), false);
         }
         let (records, bufts) = (&mut self.records, &self.bufts[..]);
-        for (j, (&leaf, ls)) in leafs.iter().zip(&mut self.leaf_slots).enumerate() {
-            let t = ctx.get(leaf)?;
-            let r = records.get(leaf);
-            *ls = Self::slot_of(bufts, t, r);
-            if r.pos == EMPTY && j < POS_LIMIT {
-                r.pos = LEAF | j as u32;
-            }
+        for (&leaf, ls) in leafs.iter().zip(&mut self.leaf_slots) {
+            *ls = Self::slot_of(bufts, ctx.get(leaf)?, records.get(leaf));
         }
-        for (i, (&node, np)) in nodes.iter().zip(&mut self.node_plans).enumerate() {
-            let t = ctx.get(node)?;
-            let r = records.get(node);
-            np.dst = Self::slot_of(bufts, t, r);
-            if r.pos == EMPTY && i < POS_LIMIT {
-                r.pos = i as u32;
-            }
-            np.edges = [EMPTY; MAX_SRC];
-            for (e, s) in np.edges.iter_mut().zip(t.srcs_used()) {
-                let Some(s) = *s else {
-                    continue;
-                };
-                let r = records.get(s);
-                *e = if r.pos != EMPTY {
-                    r.pos
-                } else {
-                    // A source at no earlier position (a later node, or in no list). Past
-                    // 2^30 such edges (unreachable in practice) the edge records no slot, so
-                    // a later alloc_graph asks for a reserve instead of misplacing it.
-                    let slot = Self::slot_of(bufts, ctx.get(s)?, r);
-                    let x = self.extra_slots.len();
-                    if x < POS_LIMIT {
-                        self.extra_slots.push(slot);
-                        EXTRA | x as u32
-                    } else {
-                        EMPTY
-                    }
-                };
-            }
+        for (&node, np) in nodes.iter().zip(&mut self.node_plans) {
+            np.dst = Self::slot_of(bufts, ctx.get(node)?, records.get(node));
+        }
+        self.extra_slots.clear();
+        for &(i, k) in &self.extra_edges {
+            let Some(s) = ctx.get(nodes[i])?.src(k) else {
+                continue;
+            };
+            let slot = Self::slot_of(bufts, ctx.get(s)?, records.get(s));
+            // Past 2^30 such edges (unreachable in practice) the edge records no slot, so a
+            // later alloc_graph asks for a reserve instead of misplacing it.
+            let x = self.extra_slots.len();
+            self.node_plans[i].edges[k] = if x < POS_LIMIT {
+                self.extra_slots.push(slot);
+                EXTRA | x as u32
+            } else {
+                EMPTY
+            };
         }
         Ok(())
     }
@@ -785,6 +787,10 @@ impl GraphAllocator {
         }
     }
 
+    /// Plan the graph: the three phases of the module docs. On the way it records where the
+    /// slot of each source edge will be found: the position its tensor was first seen at
+    /// (leafs first, then nodes in order; all such positions are known when the walk reaches
+    /// the edge), or, for a source at no earlier position, an entry of `extra_edges`.
     fn plan(
         &mut self,
         ctx: &Context,
@@ -793,18 +799,21 @@ impl GraphAllocator {
         node_ids: Option<&[usize]>,
         leaf_ids: Option<&[usize]>,
     ) -> Result<(), AllocError> {
-        let node_id = |i: usize| node_ids.map_or(0, |ids| ids[i]);
-        let leaf_id = |i: usize| leaf_ids.map_or(0, |ids| ids[i]);
+        // (check_ids has matched the lengths; no ids means id 0 everywhere)
+        let (node_ids, leaf_ids) = (node_ids.unwrap_or_default(), leaf_ids.unwrap_or_default());
+        let node_id = |i: usize| node_ids.get(i).copied().unwrap_or(0);
+        let leaf_id = |i: usize| leaf_ids.get(i).copied().unwrap_or(0);
+        self.extra_edges.clear();
 
         // Phase 1: leafs.
-        for (i, &leaf) in leafs.iter().enumerate() {
+        for (j, &leaf) in leafs.iter().enumerate() {
             let t = ctx.get(leaf)?;
             if let Some(root) = t.view_src()
                 && t.flags().contains(TensorFlags::OUTPUT)
             {
                 self.records.get(root).output_view = true;
             }
-            self.allocate_node(ctx, leaf, leaf_id(i))?;
+            self.allocate_at(ctx, leaf, t, leaf_id(j), encode_pos(j, LEAF))?;
         }
 
         // Phase 2: count consumers and views, place INPUT tensors.
@@ -833,13 +842,23 @@ impl GraphAllocator {
         // Phase 3: walk the nodes, placing each and freeing parents after their last use.
         for (i, &node) in nodes.iter().enumerate() {
             let b = node_id(i);
-            let srcs = ctx.get(node)?.srcs_used();
+            let t = ctx.get(node)?;
+            let srcs = t.srcs_used();
             for s in srcs.iter().flatten() {
                 self.allocate_node(ctx, *s, b)?;
             }
-            self.allocate_node(ctx, node, b)?;
-            for &p in srcs.iter().flatten() {
+            self.allocate_at(ctx, node, t, b, encode_pos(i, 0))?;
+            let mut edges = [EMPTY; MAX_SRC];
+            for (k, (e, &p)) in edges.iter_mut().zip(srcs).enumerate() {
+                let Some(p) = p else {
+                    continue;
+                };
                 let r = self.records.get(p);
+                if r.pos != EMPTY {
+                    *e = r.pos;
+                } else {
+                    self.extra_edges.push((i, k));
+                }
                 r.n_children -= 1;
                 if r.n_children != 0 || r.n_views != 0 {
                     continue;
@@ -855,6 +874,7 @@ impl GraphAllocator {
                     self.free_node(ctx, p)?;
                 }
             }
+            self.node_plans[i].edges = edges;
         }
         Ok(())
     }
@@ -870,6 +890,28 @@ impl GraphAllocator {
     ) -> Result<(), AllocError> {
         let t = ctx.get(id)?;
         let rec = self.records.get(id);
+        if t.has_storage() || rec.allocated || t.is_view() {
+            return Ok(());
+        }
+        rec.allocated = true;
+        self.allocate_new(ctx, id, t, buffer_id)
+    }
+
+    /// [`GraphAllocator::allocate_node`] for the tensor `t` (`id`) at position `pos` of the
+    /// graph, which becomes the tensor's position if it is the first one seen.
+    #[inline(always)]
+    fn allocate_at(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        t: &Tensor,
+        buffer_id: usize,
+        pos: EdgeRef,
+    ) -> Result<(), AllocError> {
+        let rec = self.records.get(id);
+        if rec.pos == EMPTY {
+            rec.pos = pos;
+        }
         if t.has_storage() || rec.allocated || t.is_view() {
             return Ok(());
         }

@@ -63,7 +63,43 @@ pub use linear::{LinearAllocator, alloc_ctx_tensors};
 
 /// `x` rounded up to a multiple of `align` (`GGML_PAD`); `None` on overflow. An alignment of 0
 /// is treated as 1.
+#[inline]
 pub(crate) fn pad(x: usize, align: usize) -> Option<usize> {
     let a = align.max(1);
-    x.checked_next_multiple_of(a)
+    if a.is_power_of_two() {
+        // The usual alignment, rounded with a mask instead of a division. `x + a - 1`
+        // overflows exactly when the rounded value does (`usize::MAX + 1` is a multiple of `a`).
+        x.checked_add(a - 1).map(|v| v & !(a - 1))
+    } else {
+        x.checked_next_multiple_of(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pad;
+
+    #[test]
+    fn pad_matches_next_multiple_of() {
+        for align in [0, 1, 2, 3, 16, 24, 32, 4096, 1 << 40] {
+            let a = usize::max(align, 1);
+            for x in [
+                0,
+                1,
+                a - 1,
+                a,
+                a + 1,
+                1000,
+                usize::MAX - a,
+                usize::MAX - 1,
+                usize::MAX,
+            ] {
+                assert_eq!(
+                    pad(x, align),
+                    x.checked_next_multiple_of(a),
+                    "pad({x}, {align})"
+                );
+            }
+        }
+    }
 }
