@@ -16,7 +16,11 @@
 #   q4_0_4096x4096_x512 (the names of benches/kernels.rs's mul_mat group), and the three
 #   q4_0 shapes again as *_repack with the weights in ggml's CPU_REPACK buffer type (the
 #   interleaved layout and gemm kernels llama.cpp uses for q4_0 weights on this CPU).
+#   With BENCH_LARGE set (as for the Rust bench) f32_4096x4096x4096 comes first (one call
+#   per round).
 #   Weights and inputs are filled with the byte 0x3c, as the Rust bench does.
+#   GGML_MATVEC_SGEMM=1 builds ggml with its optional llamafile sgemm (GGML_LLAMAFILE=ON) in
+#   SCRATCH_DIR-sgemm instead: the "optional" build the f32 4096³ figure is compared with.
 # Cost: ~1 min download (76.6 MB), ~1-2 min build on 2 cores, `apt-get install cmake ninja-build`.
 set -euo pipefail
 
@@ -25,6 +29,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../../.ci/ggml-sdist.sh"
 SDIST_SHA256=$GGML_SDIST_SHA256
 DIR=${GGML_MATVEC_DIR:-$HOME/.cache/ggml-matvec}
 if [[ $# -ge 1 && $1 != -- ]]; then DIR=$1; shift; fi
+LLAMAFILE=OFF
+if [[ -n ${GGML_MATVEC_SGEMM:-} ]]; then
+    LLAMAFILE=ON
+    DIR=$DIR-sgemm
+fi
 [[ ${1:-} == -- ]] && shift
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
@@ -37,10 +46,11 @@ mkdir -p "$DIR/dl" "$DIR/bin" "$DIR/driver"
 cd "$DIR"
 if [[ ! -f install/lib/libggml-cpu.a || $(cat .sdist-sha256 2>/dev/null) != "$SDIST_SHA256" ]]; then
     ggml_sdist_unpack "$DIR"
-    # ggml's defaults (OpenMP if the compiler has it, no llamafile sgemm, no BLAS), tuned
-    # for this CPU: the build a user of ggml gets by default.
+    # ggml's defaults (OpenMP if the compiler has it, no llamafile sgemm unless asked, no
+    # BLAS), tuned for this CPU: the build a user of ggml gets by default.
     cmake -S ggml-src -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-        -DGGML_NATIVE=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF \
+        -DGGML_NATIVE=ON -DGGML_LLAMAFILE="$LLAMAFILE" \
+        -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF \
         -DCMAKE_INSTALL_PREFIX="$DIR/install" >&2
     ninja -C build -j"${GGML_BUILD_JOBS:-2}" >&2
     cmake --install build >&2
@@ -59,6 +69,7 @@ cat > "$SRC.new" <<'CPP'
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 // `repack`: the weights live in the CPU device's first extra buffer type (CPU_REPACK, which
@@ -85,7 +96,11 @@ int main(int argc, char ** argv) {
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
         ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
     ggml_backend_buffer_type_t * extra = get_extra ? get_extra(dev) : nullptr;
-    for (const Case & c : cases) {
+    std::vector<Case> todo(std::begin(cases), std::end(cases));
+    if (std::getenv("BENCH_LARGE") != nullptr) {
+        todo.insert(todo.begin(), {"f32_4096x4096x4096", GGML_TYPE_F32, 4096, 4096, 4096, false});
+    }
+    for (const Case & c : todo) {
         if (c.repack && (extra == nullptr || extra[0] == nullptr)) {
             std::printf("%s (no extra buffer type)\n", c.name);
             continue;
@@ -108,7 +123,7 @@ int main(int argc, char ** argv) {
         ggml_cgraph * g = ggml_new_graph(ctx);
         ggml_build_forward_expand(g, y);
         // Small enough shapes run more iterations per round for the same time.
-        long n_it = c.n > 32 ? iters / 64 + 1 : c.n > 1 ? iters / 8 + 1 : iters;
+        long n_it = c.n > 512 ? 1 : c.n > 32 ? iters / 64 + 1 : c.n > 1 ? iters / 8 + 1 : iters;
         double best = 1e300, fastest = 1e300;
         for (int round = 0; round < 6; ++round) {
             auto t0 = std::chrono::steady_clock::now();
