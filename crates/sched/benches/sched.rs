@@ -9,7 +9,9 @@
 //!
 //! ggml measured in the same run on the same graph: `crates/sched/benches/ggml-sched-bench.sh`
 //! (ggml 0.25.3's scheduler, graph written by `cargo run --release -p sched --example
-//! llama-graph`); `SCHED_PERCALL=2000` prints our per-call mean / median / p10 in its format.
+//! llama-graph`); `SCHED_PERCALL=2000` prints our per-call mean / median / p10 in its format,
+//! and `crates/sched/benches/sched-vs-ggml.sh` runs both in interleaved rounds and prints the
+//! ratios.
 
 #![allow(clippy::print_stdout, missing_docs)]
 
