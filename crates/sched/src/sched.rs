@@ -196,14 +196,25 @@ const MEMO_SLOTS: usize = 64;
 /// split instead of once per tensor per question. Cleared at every split: usages can change
 /// and a freed buffer's address can be reused between splits; within one split the tensors
 /// hold their buffers alive.
-#[derive(Debug, Default)]
+///
+/// The entries sit inline (no length to check, no pointer to load); key 0 (no buffer's
+/// address) marks an empty entry.
+#[derive(Debug)]
 struct BufferMemo {
-    entries: Vec<(usize, BufferFacts)>,
+    entries: [(usize, BufferFacts); MEMO_SLOTS],
+}
+
+impl Default for BufferMemo {
+    fn default() -> Self {
+        BufferMemo {
+            entries: [(0, BufferFacts::default()); MEMO_SLOTS],
+        }
+    }
 }
 
 impl BufferMemo {
     fn clear(&mut self) {
-        self.entries.clear();
+        self.entries = [(0, BufferFacts::default()); MEMO_SLOTS];
     }
 
     fn devices_for(buft: &BufferType, devices: &[Device]) -> u16 {
@@ -220,9 +231,8 @@ impl BufferMemo {
     fn facts(&mut self, st: &graph::TensorStorage, devices: &[Device]) -> BufferFacts {
         let key = std::sync::Arc::as_ptr(&st.buffer).cast::<()>() as usize;
         let k = (key >> 6 ^ key >> 12) % MEMO_SLOTS;
-        if let Some(&(ek, ef)) = self.entries.get(k)
-            && ek == key
-        {
+        let (ek, ef) = self.entries[k];
+        if ek == key {
             return ef;
         }
         self.miss(st, devices, key, k)
@@ -237,9 +247,6 @@ impl BufferMemo {
         key: usize,
         k: usize,
     ) -> BufferFacts {
-        if self.entries.is_empty() {
-            self.entries.resize(MEMO_SLOTS, (0, BufferFacts::default()));
-        }
         let facts = match storage_buffer_type(st) {
             Some(buft) => BufferFacts {
                 ours: true,
@@ -1059,18 +1066,22 @@ impl Scheduler {
         let key_hi = self.key_hi();
         let memo = &mut self.buffer_memo;
         let devices = &self.devices[..];
-        let slots = &mut self.slots[..];
+        // exactly the context's tensors, so that a tensor `ctx.get` found has a slot without
+        // a second bounds check
+        let slots = &mut self.slots[..ctx.len()];
         for &leaf in leafs {
             let t = ctx.get(leaf)?;
             Self::assign(slots, memo, devices, key_hi, ctx, leaf, t)?;
         }
         // whether any node sits on a backend other than the last one: the first two sweeps of
-        // pass 2 expand only such assignments, and are skipped without one (one backend)
+        // pass 2 expand only such assignments, and are skipped without one (one backend); -1
+        // (none) wraps to no such backend
+        let n_first = (n_b - 1).max(0) as u32;
         let mut any_gpu = false;
         for (pos, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             let b = Self::assign(slots, memo, devices, key_hi, ctx, node, t)?;
-            any_gpu |= (0..n_b - 1).contains(&b);
+            any_gpu |= (b as u32) < n_first;
             if !t.op().is_view_op() {
                 compute.push(pos);
                 bids.push(b);
