@@ -1028,17 +1028,18 @@ impl Scheduler {
     ) -> Result<i32> {
         let key = Slot::key_of(key_hi, id);
         let s = &mut slots[id.index()];
-        let valid = s.key == key;
-        if valid && s.backend != -1 {
-            return Ok(s.backend);
+        if s.key == key {
+            if s.backend != -1 {
+                return Ok(s.backend);
+            }
+        } else {
+            // a fresh slot reads as no slot (no backend, no cause, no copies), so making it
+            // before an error changes nothing
+            *s = Slot::fresh(key);
         }
         let (b, c) = Self::backend_id_from_cur(memo, devices, ctx, id, t)?;
-        let old = if valid { *s } else { Slot::fresh(key) };
-        *s = Slot {
-            backend: b,
-            cause: c,
-            ..old
-        };
+        s.backend = b;
+        s.cause = c;
         Ok(b)
     }
 
