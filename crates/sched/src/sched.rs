@@ -180,7 +180,8 @@ struct BufferFacts {
     /// The buffer is one of ours (it has a buffer type); false for foreign storage.
     ours: bool,
     usage: Option<BufferUsage>,
-    /// Devices (bit = backend index) whose `supports_buft` accepts the buffer type.
+    /// Devices (bit = backend index) whose `supports_buft` accepts the buffer type (none for
+    /// foreign storage).
     devices: u16,
     /// The buffer type is host memory.
     host: bool,
@@ -230,7 +231,8 @@ impl BufferMemo {
     #[inline(always)]
     fn facts(&mut self, st: &graph::TensorStorage, devices: &[Device]) -> BufferFacts {
         let key = std::sync::Arc::as_ptr(&st.buffer).cast::<()>() as usize;
-        let k = (key >> 6 ^ key >> 12) % MEMO_SLOTS;
+        // (key >> 6 ^ key >> 12), one shift fewer
+        let k = ((key ^ key >> 6) >> 6) % MEMO_SLOTS;
         let (ek, ef) = self.entries[k];
         if ek == key {
             return ef;
@@ -748,12 +750,10 @@ impl Scheduler {
 
     /// ggml's `tensor->buffer` of a source: a view only gets one from `view_init`, which runs
     /// when the graph allocator places it, so a view freshly made in a graph has none.
+    #[inline(always)]
     fn own_storage(t: &Tensor) -> Option<&graph::TensorStorage> {
-        if t.view_src().is_some() {
-            None
-        } else {
-            t.storage()
-        }
+        // storage first: most sources without a buffer are no views either
+        t.storage().filter(|_| t.view_src().is_none())
     }
 
     /// What the buffer behind `st` tells the passes, from the per-split memo.
@@ -774,7 +774,8 @@ impl Scheduler {
         t: &Tensor,
         op: TensorId,
     ) -> i32 {
-        let mut m = if facts.ours { facts.devices } else { 0 };
+        // foreign storage has no devices (`BufferFacts::default`)
+        let mut m = facts.devices;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             if devices[i].supports_op(ctx, op) {
