@@ -714,95 +714,64 @@ impl Exec<'_> {
                 let out = grow(&mut ts.c, nr * n);
                 if tiled {
                     let cols = &packed_f32[batch * n * k..(batch + 1) * n * k];
-                    let direct: [Option<&[f32]>; MM_ROWS] = std::array::from_fn(|i| {
-                        (i < nr)
-                            .then(|| a.f32_row(rows.start + i, a2, a3))
-                            .flatten()
-                    });
-                    if direct[..nr].iter().all(Option::is_some) {
-                        mul_mat_tiles_f32(
-                            isa,
-                            &direct.map(Option::unwrap_or_default)[..nr],
-                            cols,
-                            k,
-                            out,
-                        );
-                    } else {
-                        let x = grow(&mut ts.a, nr * k);
-                        for (ri, xr) in x.chunks_exact_mut(k).enumerate() {
-                            a.load_f32(0, rows.start + ri, a2, a3, xr);
-                        }
-                        let rws: [&[f32]; MM_ROWS] =
-                            std::array::from_fn(|i| x.get(i * k..(i + 1) * k).unwrap_or_default());
-                        mul_mat_tiles_f32(isa, &rws[..nr], cols, k, out);
-                    }
-                    for j in 0..n {
-                        dst.store_f32(rows.start, j, i2, i3, &out[j * nr..(j + 1) * nr]);
-                    }
-                    continue;
-                }
-                // Groups of weight rows share each column load (a short last group repeats
-                // its last row and drops the extra results; a row's result does not depend
-                // on the other rows of its group).
-                let group = match a.ty {
-                    ElementType::Q4_0 | ElementType::Q8_0 => ROWS,
-                    _ => F32_ROWS,
-                };
-                for g0 in (0..nr).step_by(group) {
-                    let g = (nr - g0).min(group);
-                    let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
-                    let mut put = |j: usize, d: &[f32]| {
-                        out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
+                    let rws: [&[f32]; MM_ROWS] =
+                        f32_rows(a, |i| rows.start + i.min(nr - 1), a2, a3, &mut ts.a);
+                    mul_mat_tiles_f32(isa, &rws[..nr], cols, k, out);
+                } else {
+                    // Groups of weight rows share each column load (a short last group repeats
+                    // its last row and drops the extra results; a row's result does not depend
+                    // on the other rows of its group).
+                    let group = match a.ty {
+                        ElementType::Q4_0 | ElementType::Q8_0 => ROWS,
+                        _ => F32_ROWS,
                     };
-                    match a.ty {
-                        ElementType::Q4_0 => {
-                            let rws: [&[u8]; ROWS] =
-                                std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
-                            let col = |j: usize| {
-                                let c = batch * n + j;
-                                &packed_q[c * col_bytes..(c + 1) * col_bytes]
-                            };
-                            // Four columns per call share the rows' unpacking.
-                            let mut j = 0;
-                            while j + Q4_COLS <= n {
-                                let cols = std::array::from_fn(|c| col(j + c));
-                                let d = quant::dot_q4_0_q8_0_rows::<Q4_COLS>(isa, rws, cols);
-                                for (c, d) in d.iter().enumerate() {
-                                    put(j + c, d);
+                    for g0 in (0..nr).step_by(group) {
+                        let g = (nr - g0).min(group);
+                        let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
+                        let mut put = |j: usize, d: &[f32]| {
+                            out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
+                        };
+                        match a.ty {
+                            ElementType::Q4_0 => {
+                                let rws: [&[u8]; ROWS] =
+                                    std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                                let col = |j: usize| {
+                                    let c = batch * n + j;
+                                    &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                                };
+                                // Four columns per call share the rows' unpacking.
+                                let mut j = 0;
+                                while j + Q4_COLS <= n {
+                                    let cols = std::array::from_fn(|c| col(j + c));
+                                    let d = quant::dot_q4_0_q8_0_rows::<Q4_COLS>(isa, rws, cols);
+                                    for (c, d) in d.iter().enumerate() {
+                                        put(j + c, d);
+                                    }
+                                    j += Q4_COLS;
                                 }
-                                j += Q4_COLS;
-                            }
-                            for j in j..n {
-                                let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
-                                put(j, &d);
-                            }
-                        }
-                        ElementType::Q8_0 => {
-                            for j in 0..n {
-                                let c = batch * n + j;
-                                let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                                let d: [f32; ROWS] = std::array::from_fn(|r| {
-                                    quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
-                                });
-                                put(j, &d);
-                            }
-                        }
-                        _ => {
-                            let direct: [Option<&[f32]>; F32_ROWS] =
-                                std::array::from_fn(|j| a.f32_row(row_of(j), a2, a3));
-                            let rws: [&[f32]; F32_ROWS] = if direct.iter().all(Option::is_some) {
-                                direct.map(|r| r.unwrap_or_default())
-                            } else {
-                                let x = grow(&mut ts.a, F32_ROWS * k);
-                                for (j, xr) in x.chunks_exact_mut(k).enumerate() {
-                                    a.load_f32(0, row_of(j), a2, a3, xr);
+                                for j in j..n {
+                                    let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
+                                    put(j, &d);
                                 }
-                                std::array::from_fn(|j| &x[j * k..(j + 1) * k])
-                            };
-                            for j in 0..n {
-                                let c = batch * n + j;
-                                let col = &packed_f32[c * k..(c + 1) * k];
-                                put(j, &quant::dot_f32_rows(isa, rws, col));
+                            }
+                            ElementType::Q8_0 => {
+                                for j in 0..n {
+                                    let c = batch * n + j;
+                                    let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
+                                    let d: [f32; ROWS] = std::array::from_fn(|r| {
+                                        quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
+                                    });
+                                    put(j, &d);
+                                }
+                            }
+                            _ => {
+                                let rws: [&[f32]; F32_ROWS] =
+                                    f32_rows(a, row_of, a2, a3, &mut ts.a);
+                                for j in 0..n {
+                                    let c = batch * n + j;
+                                    let col = &packed_f32[c * k..(c + 1) * k];
+                                    put(j, &quant::dot_f32_rows(isa, rws, col));
+                                }
                             }
                         }
                     }
@@ -889,15 +858,38 @@ impl Exec<'_> {
     }
 }
 
+/// Rows `row(0)`, …, `row(N − 1)` of the matrix `(i2, i3)` of `a` as f32 slices: the
+/// tensor's own rows when they are f32 and aligned, else converted (or copied) into
+/// `scratch`, one row after the other.
+fn f32_rows<'a, const N: usize>(
+    a: &'a TView,
+    row: impl Fn(usize) -> usize,
+    i2: usize,
+    i3: usize,
+    scratch: &'a mut Vec<f32>,
+) -> [&'a [f32]; N] {
+    let direct: [Option<&[f32]>; N] = std::array::from_fn(|j| a.f32_row(row(j), i2, i3));
+    if direct.iter().all(Option::is_some) {
+        return direct.map(Option::unwrap_or_default);
+    }
+    let k = a.ne[0];
+    let x = grow(scratch, N * k);
+    for (j, xr) in x.chunks_exact_mut(k).enumerate() {
+        a.load_f32(0, row(j), i2, i3, xr);
+    }
+    let x = &*x;
+    std::array::from_fn(|j| &x[j * k..(j + 1) * k])
+}
+
 /// `out[j · nr + i] = rows[i] · cols[j]` for the `nr = rows.len()` weight rows (each at
 /// least `k` long) and `n = cols.len() / k` columns of a batched f32 product, in
 /// [`quant::dot_f32_tile`] tiles.
 ///
 /// The length is cut into slices (of [`TILE_COL_FLOATS`] / `n` floats, 256 to 1024) so
 /// that one tile's rows and columns stay in L1 and a unit's rows and all its columns in L2
-/// while every tile of the unit uses them; each slice's results are added to `out` in slice order. A short last tile repeats
-/// its last row or column and drops those results, so a result depends only on its row, its
-/// column and `k`.
+/// while every tile of the unit uses them; each slice's results are added to `out` in slice
+/// order. A short last tile repeats its last row or column and drops those results, so a
+/// result depends only on its row, its column and `k`.
 fn mul_mat_tiles_f32(isa: quant::Isa, rows: &[&[f32]], cols: &[f32], k: usize, out: &mut [f32]) {
     use quant::{TILE_COLS, TILE_ROWS};
     let (nr, n) = (rows.len(), cols.len() / k);
