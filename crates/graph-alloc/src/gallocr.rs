@@ -889,11 +889,9 @@ impl GraphAllocator {
         buffer_id: usize,
     ) -> Result<(), AllocError> {
         let t = ctx.get(id)?;
-        let rec = self.records.get(id);
-        if t.has_storage() || rec.allocated || t.is_view() {
+        if !Self::claim(self.records.get(id), t) {
             return Ok(());
         }
-        rec.allocated = true;
         self.allocate_new(ctx, id, t, buffer_id)
     }
 
@@ -912,11 +910,21 @@ impl GraphAllocator {
         if rec.pos == EMPTY {
             rec.pos = pos;
         }
-        if t.has_storage() || rec.allocated || t.is_view() {
+        if !Self::claim(rec, t) {
             return Ok(());
         }
-        rec.allocated = true;
         self.allocate_new(ctx, id, t, buffer_id)
+    }
+
+    /// Whether `t` (its record `rec`) still needs memory of its own: not pre-allocated, not
+    /// a view and not yet placed in this pass. When it does, it is marked placed.
+    #[inline(always)]
+    fn claim(rec: &mut Record, t: &Tensor) -> bool {
+        if t.has_storage() || rec.allocated || t.is_view() {
+            return false;
+        }
+        rec.allocated = true;
+        true
     }
 
     #[inline(never)]
