@@ -220,27 +220,29 @@ impl Graph {
         Ok(())
     }
 
+    /// `Ok` when `n` more entries fit in a list (`what`: "nodes" or "leafs") of `len`.
+    #[inline]
+    fn room(&self, len: usize, n: usize, what: &'static str) -> Result<(), GraphError> {
+        if n > self.capacity.saturating_sub(len) {
+            return Err(GraphError::GraphFull {
+                capacity: self.capacity,
+                what,
+            });
+        }
+        Ok(())
+    }
+
     fn append(&mut self, ctx: &mut Context, id: TensorId) -> Result<(), GraphError> {
         let t = &mut ctx[id];
         if t.op == Op::None && !t.flags.contains(TensorFlags::PARAM) {
-            if self.leafs.len() >= self.capacity {
-                return Err(GraphError::GraphFull {
-                    capacity: self.capacity,
-                    what: "leafs",
-                });
-            }
+            self.room(self.leafs.len(), 1, "leafs")?;
             if t.name.is_empty() {
                 t.name = leaf_name("leaf_", self.leafs.len());
                 self.named.push(id);
             }
             self.leafs.push(id);
         } else {
-            if self.nodes.len() >= self.capacity {
-                return Err(GraphError::GraphFull {
-                    capacity: self.capacity,
-                    what: "nodes",
-                });
-            }
+            self.room(self.nodes.len(), 1, "nodes")?;
             if t.name.is_empty() {
                 t.name = leaf_name("node_", self.nodes.len());
                 self.named.push(id);
@@ -254,12 +256,7 @@ impl Graph {
     /// (`ggml_graph_add_node`).
     #[inline]
     pub fn add_node(&mut self, id: TensorId) -> Result<(), GraphError> {
-        if self.nodes.len() >= self.capacity {
-            return Err(GraphError::GraphFull {
-                capacity: self.capacity,
-                what: "nodes",
-            });
-        }
+        self.room(self.nodes.len(), 1, "nodes")?;
         self.nodes.push(id);
         Ok(())
     }
@@ -284,12 +281,7 @@ impl Graph {
     /// ```
     #[inline]
     pub fn extend_nodes(&mut self, ids: &[TensorId]) -> Result<(), GraphError> {
-        if ids.len() > self.capacity.saturating_sub(self.nodes.len()) {
-            return Err(GraphError::GraphFull {
-                capacity: self.capacity,
-                what: "nodes",
-            });
-        }
+        self.room(self.nodes.len(), ids.len(), "nodes")?;
         self.nodes.extend_from_slice(ids);
         Ok(())
     }
@@ -298,12 +290,7 @@ impl Graph {
     /// graph, like the scheduler's allocation graph).
     #[inline]
     pub fn add_leaf(&mut self, id: TensorId) -> Result<(), GraphError> {
-        if self.leafs.len() >= self.capacity {
-            return Err(GraphError::GraphFull {
-                capacity: self.capacity,
-                what: "leafs",
-            });
-        }
+        self.room(self.leafs.len(), 1, "leafs")?;
         self.leafs.push(id);
         Ok(())
     }
@@ -313,12 +300,7 @@ impl Graph {
     /// error is returned.
     #[inline]
     pub fn extend_leafs(&mut self, ids: &[TensorId]) -> Result<(), GraphError> {
-        if ids.len() > self.capacity.saturating_sub(self.leafs.len()) {
-            return Err(GraphError::GraphFull {
-                capacity: self.capacity,
-                what: "leafs",
-            });
-        }
+        self.room(self.leafs.len(), ids.len(), "leafs")?;
         self.leafs.extend_from_slice(ids);
         Ok(())
     }
