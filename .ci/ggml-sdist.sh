@@ -2,7 +2,8 @@
 # Shared by the scripts that build ggml from the PyPI sdist llama-cpp-python==0.3.36 (ggml
 # 0.25.3, RPC protocol 7.0.0) in a scratch directory: .ci/rpc-server-build.sh (the real
 # rpc-server for backend-rpc's interop tests) and crates/cpu-kernels/benches/ggml-matvec-bench.sh
-# (ggml's default CPU build for a same-run comparison). Source it; nothing here is committed
+# (ggml's default CPU build for a same-run comparison), and crates/sched/benches/
+# ggml-sched-bench.sh (its driver build only). Source it; nothing here is committed
 # output, and nothing of ggml is committed.
 #
 #   GGML_SDIST_VERSION, GGML_SDIST_SHA256  the sdist pinned by version and hash
@@ -13,6 +14,10 @@
 #                                          sdist omits; removes DIR/build and DIR/install.
 #                                          Afterwards $GGML_SDIST_TREE is the sdist's llama.cpp
 #                                          tree (tools/, vendor/).
+#   ggml_build_driver SRC BIN CMD...       a small C++ driver written to SRC.new: reuses BIN
+#                                          when it exists and SRC is unchanged, else moves
+#                                          SRC.new to SRC, removes BIN and runs CMD (the
+#                                          compiler call) to build it again.
 # Cost: ~1 min download (76.6 MB).
 
 GGML_SDIST_VERSION=0.3.36
@@ -55,4 +60,18 @@ Version: @GGML_VERSION@
 Cflags: -I${includedir}
 Libs: -L${libdir} -lggml
 PC
+}
+
+ggml_build_driver() {
+    local src=$1 bin=$2
+    shift 2
+    if [[ -x $bin && -f $src ]] && cmp -s "$src" "$src.new"; then
+        rm "$src.new"
+        echo "cached: $bin" >&2
+    else
+        mv "$src.new" "$src"
+        rm -f "$bin"
+        echo "building $bin" >&2
+        "$@"
+    fi
 }

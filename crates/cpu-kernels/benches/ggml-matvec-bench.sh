@@ -155,15 +155,8 @@ int main(int argc, char ** argv) {
     return 0;
 }
 CPP
-if [[ -x $BIN && -f $SRC ]] && cmp -s "$SRC" "$SRC.new"; then
-    rm "$SRC.new"
-    echo "cached: $BIN" >&2
-else
-    mv "$SRC.new" "$SRC"
-    LIBS="-L$DIR/install/lib -lggml -lggml-cpu -lggml-base -lpthread -lm"
-    # OpenMP: ggml-cpu uses it in its default build when the compiler has it.
-    # shellcheck disable=SC2086
-    g++ -O2 -std=c++17 -fopenmp -I "$DIR/install/include" "$SRC" -o "$BIN" $LIBS
-fi
+# OpenMP: ggml-cpu uses it in its default build when the compiler has it.
+ggml_build_driver "$SRC" "$BIN" g++ -O2 -std=c++17 -fopenmp -I "$DIR/install/include" "$SRC" \
+    -o "$BIN" -L"$DIR/install/lib" -lggml -lggml-cpu -lggml-base -lpthread -lm
 echo "$BIN" >&2
 "$BIN" "$@"

@@ -46,6 +46,9 @@
 # collects exactly those calls; instructions per call = the total (callgrind_annotate) / 100.
 set -euo pipefail
 
+# shellcheck source=.ci/ggml-sdist.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../.ci/ggml-sdist.sh"
+
 GRAPH=""
 if [[ $# -ge 1 && $1 != "--" ]]; then
     GRAPH=$1
@@ -429,16 +432,9 @@ int main(int argc, char ** argv) try {
     return 1;
 }
 CPP
-if [[ -x $BIN && -f $SRC ]] && cmp -s "$SRC" "$SRC.new"; then
-    rm "$SRC.new"
-    echo "cached: $BIN" >&2
-else
-    mv "$SRC.new" "$SRC"
-    LIBS="-L$RPC_DIR/install/lib -lggml -lggml-cpu -lggml-base -lpthread -lm"
-    echo "building $BIN" >&2
-    # shellcheck disable=SC2086
-    g++ -O2 -std=c++17 -I "$RPC_DIR/install/include" -I "$RPC_DIR/ggml-src/src" -I "$TOOL" "$SRC" -o "$BIN" $LIBS
-fi
+ggml_build_driver "$SRC" "$BIN" g++ -O2 -std=c++17 -I "$RPC_DIR/install/include" \
+    -I "$RPC_DIR/ggml-src/src" -I "$TOOL" "$SRC" -o "$BIN" \
+    -L"$RPC_DIR/install/lib" -lggml -lggml-cpu -lggml-base -lpthread -lm
 
 if [[ -z $GRAPH ]]; then
     GRAPH=$TOOL/llama32.graph.json
