@@ -138,7 +138,11 @@ impl LlamaConfig {
         t.push(TensorSpec::leaf("output_norm", "f32", &[e]).in_buffer(&self.output_buffer));
         t.push(TensorSpec::leaf("output", w, &[e, self.n_vocab]).in_buffer(&self.output_buffer));
         for il in 0..self.n_layer {
-            let b = &self.layer_buffers[il];
+            let b = self
+                .cache_buffers
+                .as_ref()
+                .and_then(|c| c.get(il))
+                .unwrap_or(&self.layer_buffers[il]);
             t.push(
                 TensorSpec::leaf(&format!("cache_k.{il}"), "f16", &[self.n_ctx * e]).in_buffer(b),
             );

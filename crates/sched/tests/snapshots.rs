@@ -355,6 +355,21 @@ fn graph_files_are_up_to_date() {
     }
 }
 
+/// Every case is a different graph: a case whose knob the generator ignores (as
+/// `cache_buffers` once was) would otherwise snapshot another case's plan under its own name.
+#[test]
+fn no_two_cases_are_the_same_graph() {
+    let cases = cases();
+    for (i, (a, fa)) in cases.iter().enumerate() {
+        for (b, fb) in &cases[i + 1..] {
+            let (mut fa, mut fb) = (fa.clone(), fb.clone());
+            fa.name.clear();
+            fb.name.clear();
+            assert_ne!(fa, fb, "cases {a} and {b} describe the same graph");
+        }
+    }
+}
+
 fn describe(f: &GraphFile) -> String {
     match f.schedule() {
         Err(e) => format!("error: {e}\n"),
