@@ -1,5 +1,6 @@
 //! Our client against a real ggml `rpc-server` (protocol 7.0.0) built from the PyPI sdist by
-//! `.ci/rpc-server-build.sh`. Skipped, with a message, when `RPC_SERVER_BIN` is not set.
+//! `.ci/rpc-server-build.sh`. Skipped, with a message, when `RPC_SERVER_BIN` is not set; fails
+//! instead when `CI` is set.
 
 mod common;
 

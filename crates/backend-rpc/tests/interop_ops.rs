@@ -8,7 +8,7 @@
 //! ([`graph_copy::compare_graph_backends_with`] and [`conformance::nmse_threshold`]).
 //! At the end every fixture op must have passed at least once: an op the client declined
 //! (`supports_op` false) would otherwise go unnoticed. Skipped, with a message, when
-//! `RPC_SERVER_BIN` is not set.
+//! `RPC_SERVER_BIN` is not set; fails instead when `CI` is set.
 
 mod common;
 

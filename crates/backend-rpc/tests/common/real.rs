@@ -15,8 +15,16 @@ impl Drop for Real {
 }
 
 /// Starts the server, or says on stderr why the test is skipped and returns `None`.
+///
+/// Under CI (`CI` set) a missing `RPC_SERVER_BIN` is a failure, not a skip: a broken server
+/// build must not silently remove the interop proof. (Miri cannot start processes: it skips.)
 pub fn start() -> Option<Real> {
     let Ok(bin) = std::env::var("RPC_SERVER_BIN") else {
+        assert!(
+            std::env::var_os("CI").is_none() || cfg!(miri),
+            "CI is set but RPC_SERVER_BIN is not: the interop tests need ggml's rpc-server \
+             (.ci/rpc-server-build.sh)"
+        );
         #[allow(clippy::print_stderr)]
         {
             eprintln!(
