@@ -4,17 +4,104 @@
 //! shared.
 //!
 //! The plan is checked against lifetimes computed from the graph alone
-//! (`graph_alloc::testing::lifetimes`), never against the allocator's own bookkeeping.
+//! (`graph_alloc::testing::lifetimes`), never against the allocator's own bookkeeping, and
+//! in-place sharing against an oracle written here from the seed's rules (the
+//! `ggml_op_can_inplace` list by op name, layout equality field by field), not against the
+//! `graph` crate's `can_inplace` / `same_layout` that the allocator itself calls.
 
 mod common;
 
 use backend_core::BufferType;
-use graph::{Context, ElementType, Graph, TensorFlags, TensorId};
+use graph::{Context, ElementType, Graph, Op, Tensor, TensorFlags, TensorId, UnaryOp};
 use graph_alloc::testing::{FakeBufferType, Lifetime, lifetimes, live_bytes_lower_bound};
 use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+/// `ggml_op_can_inplace` of ggml NOV24 (spec §8.2), by the op names the seed prints.
+const SEED_INPLACE_OPS: [&str; 15] = [
+    "SCALE",
+    "DIAG_MASK_ZERO",
+    "DIAG_MASK_INF",
+    "ADD",
+    "ADD1",
+    "SUB",
+    "MUL",
+    "DIV",
+    "SQR",
+    "SQRT",
+    "LOG",
+    "UNARY",
+    "ROPE",
+    "RMS_NORM",
+    "SOFT_MAX",
+];
+
+/// Whether the seed lets `op`'s result share its source's memory.
+fn seed_can_inplace(op: Op) -> bool {
+    SEED_INPLACE_OPS.contains(&op.name())
+}
+
+/// The seed's layout test for in-place reuse (`ggml_are_same_layout`): type, extents and
+/// strides all equal.
+fn seed_same_layout(a: &Tensor, b: &Tensor) -> bool {
+    a.ty() == b.ty() && a.ne() == b.ne() && a.nb() == b.nb()
+}
+
+/// The oracle itself, on cases whose answer the spec states outright.
+#[test]
+fn inplace_oracle_follows_the_seed() {
+    for op in [
+        Op::Add,
+        Op::Sub,
+        Op::Mul,
+        Op::Div,
+        Op::Scale,
+        Op::Sqr,
+        Op::Sqrt,
+    ] {
+        assert!(seed_can_inplace(op), "{op:?}");
+    }
+    for op in [Op::RmsNorm, Op::SoftMax, Op::Rope, Op::Unary(UnaryOp::Silu)] {
+        assert!(seed_can_inplace(op), "{op:?}");
+    }
+    // copies, norms with a mean, products, gathers and views never run in place in NOV24
+    for op in [
+        Op::None,
+        Op::Dup,
+        Op::Cpy,
+        Op::Cont,
+        Op::Norm,
+        Op::MulMat,
+        Op::GetRows,
+        Op::View,
+        Op::Reshape,
+        Op::Permute,
+        Op::Transpose,
+    ] {
+        assert!(!seed_can_inplace(op), "{op:?}");
+    }
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_2d(ElementType::F32, 8, 4).unwrap();
+    let b = ctx.new_tensor_2d(ElementType::F32, 8, 4).unwrap();
+    let c = ctx.new_tensor_2d(ElementType::F32, 4, 8).unwrap(); // same count, other extents
+    let d = ctx.new_tensor_2d(ElementType::I32, 8, 4).unwrap(); // same bytes, other type
+    let t = ctx.transpose(c).unwrap(); // extents of a, strides not
+    assert!(seed_same_layout(&ctx[a], &ctx[b]));
+    assert!(!seed_same_layout(&ctx[a], &ctx[c]));
+    assert!(!seed_same_layout(&ctx[a], &ctx[d]));
+    assert_eq!(ctx[t].ne(), ctx[a].ne());
+    assert!(!seed_same_layout(&ctx[a], &ctx[t]));
+}
+
+/// The `graph` crate's list, which the allocator uses, is the seed's for every op it has.
+#[test]
+fn graph_crate_inplace_list_is_the_seeds() {
+    for op in Op::ALL.into_iter().chain(UnaryOp::ALL.map(Op::Unary)) {
+        assert_eq!(op.can_inplace(), seed_can_inplace(op), "{op:?}");
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Program {
@@ -234,9 +321,9 @@ fn check_program(p: &Program) -> Result<(usize, usize), TestCaseError> {
             let in_place = |p: &Placed, c: &Placed| {
                 let (pt, ct) = (&ctx[p.id], &ctx[c.id]);
                 pos(c.id).is_some_and(|ci| {
-                    ct.op().can_inplace()
+                    seed_can_inplace(ct.op())
                         && ct.srcs().contains(&Some(p.id))
-                        && pt.same_layout(ct)
+                        && seed_same_layout(pt, ct)
                         && !pt.flags().contains(TensorFlags::OUTPUT)
                         && p.life.last == ci as isize
                         && c.life.first == ci as isize
@@ -307,7 +394,18 @@ proptest! {
     }
 }
 
-/// How far above the lower bound the plans are, over a fixed set of random graphs.
+/// How far above the lower bound the plans are, over a fixed set of random graphs (a fixed
+/// ChaCha seed, so the figures are exact and reproducible: mean 1.160, worst 3.000, aggregate
+/// 1.140 over 994 graphs with a non-zero bound).
+///
+/// Bounds:
+/// * worst ≤ 3.0. The worst graph is all 32-byte tensors with three nodes nobody consumes:
+///   the seed never frees an unconsumed node (spec §7.7, "allocated and simply never
+///   freed"), while the bound, computed from the graph, counts each as live only at its own
+///   step; so 96 bytes against a bound of 32. Any fragmentation on top of that rule fails.
+/// * aggregate ≤ 1.15 and mean ≤ 1.17, just above the measured values: a change that reuses
+///   less (frees later, skips in-place reuse, picks worse blocks) fails here even when every
+///   single plan stays sound.
 #[test]
 #[allow(clippy::print_stderr)]
 fn ratio_to_lower_bound() {
@@ -337,4 +435,13 @@ fn ratio_to_lower_bound() {
         total as f64 / bound as f64
     );
     assert!(n > 0);
+    assert!(worst <= 3.0, "worst ratio {worst:.3} above 3.0");
+    if !cfg!(miri) {
+        let (mean, aggregate) = (sum_ratio / n as f64, total as f64 / bound as f64);
+        assert!(
+            aggregate <= 1.15,
+            "aggregate ratio {aggregate:.3} above 1.15"
+        );
+        assert!(mean <= 1.17, "mean ratio {mean:.3} above 1.17");
+    }
 }
