@@ -6,6 +6,9 @@ use backend_core::{
     tensor_memset, tensor_set,
 };
 use graph::{Context, ElementType, TensorId};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 use test_device::{TestBackend, TestDevice, TestDeviceConfig};
 
 fn device(cfg: TestDeviceConfig) -> Device {
@@ -203,11 +206,84 @@ fn event_synchronize_blocks_until_the_marker_fires_and_unrecorded_events_are_com
     let pause = tb(&s).pause().unwrap();
     s.tensor_set_async(&ctx, x, 0, &[1u8; 64]).unwrap();
     s.event_record(&ev).unwrap();
-    let waiter = std::thread::spawn(move || ev.synchronize());
-    // the event cannot fire while the stream is paused; release it and the waiter returns
+    let returned = Arc::new(AtomicBool::new(false));
+    let r2 = returned.clone();
+    let waiter = std::thread::spawn(move || {
+        let r = ev.synchronize();
+        r2.store(true, Ordering::SeqCst);
+        r
+    });
+    // the event cannot fire while the stream is paused: the waiter is still blocked after a
+    // while (a broken wait returns at once; a correct one can never fail this)
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !returned.load(Ordering::SeqCst),
+        "Event::synchronize returned while the stream was paused before the marker"
+    );
+    // release it and the waiter returns, with the work before the marker done
     pause.release();
     waiter.join().unwrap().unwrap();
+    assert!(returned.load(Ordering::SeqCst));
     assert_eq!(bytes_of(&ctx, x), vec![1u8; 64]);
+}
+
+/// Run `f` on another thread and fail (instead of hanging) if it does not return in time.
+fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("blocked: waited for more than the recorded point")
+}
+
+#[test]
+fn event_synchronize_waits_for_the_recorded_point_only_and_a_new_record_moves_it() {
+    let dev = device(TestDeviceConfig::default());
+    let s = dev.init_backend("").unwrap();
+    let (ctx, x, _y, buf) = two_tensors(&dev);
+    buf.clear(0).unwrap();
+    let ev = dev.event_new().unwrap();
+    s.tensor_set_async(&ctx, x, 0, &[1u8; 64]).unwrap();
+    s.event_record(&ev).unwrap();
+    // work queued after the record, held behind a pause
+    let pause = tb(&s).pause().unwrap();
+    s.tensor_set_async(&ctx, x, 0, &[2u8; 64]).unwrap();
+    let e2 = ev.clone();
+    within(move || e2.synchronize()).unwrap();
+    assert_eq!(
+        bytes_of(&ctx, x),
+        vec![1u8; 64],
+        "the recorded point, not later"
+    );
+    // recording again moves the point behind the paused work: now synchronize must wait
+    s.event_record(&ev).unwrap();
+    let returned = Arc::new(AtomicBool::new(false));
+    let (e3, r3) = (ev.clone(), returned.clone());
+    let waiter = std::thread::spawn(move || {
+        let r = e3.synchronize();
+        r3.store(true, Ordering::SeqCst);
+        r
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!returned.load(Ordering::SeqCst), "waited for the old point");
+    pause.release();
+    waiter.join().unwrap().unwrap();
+    assert_eq!(bytes_of(&ctx, x), vec![2u8; 64]);
+}
+
+#[test]
+fn event_wait_does_not_block_the_caller() {
+    let dev = device(TestDeviceConfig::default());
+    let s1 = dev.init_backend("").unwrap();
+    let s2 = dev.init_backend("").unwrap();
+    let ev = dev.event_new().unwrap();
+    let pause = tb(&s1).pause().unwrap();
+    s1.event_record(&ev).unwrap();
+    // s1 cannot reach the marker until the pause is released, which happens only after
+    // event_wait returned: a blocking wait would hang here (and fail `within`)
+    let (s2b, evb) = (s2.clone(), ev.clone());
+    within(move || s2b.event_wait(&evb)).unwrap();
+    pause.release();
+    s2.synchronize().unwrap();
 }
 
 #[test]
