@@ -205,21 +205,19 @@ impl BackendImpl for TestBackend {
             // Another device's memory: let the caller stage it through the host.
             return Ok(false);
         }
-        // Host to device: the source backend must have finished writing it; then the read of
-        // host memory happens later, on our worker, like a DMA from pinned memory.
+        // Host to device: the source backend must have finished writing it, and the bytes
+        // are taken now. The copy is ordered after the source's queued work and before its
+        // later work (`cpy_tensor_async`'s contract): a synchronous source such as the CPU
+        // backend may overwrite the tensor as soon as this returns (the scheduler's next
+        // pipeline step does), so reading host memory later, when our worker gets there,
+        // would deliver the wrong bytes.
         src_backend.synchronize()?;
-        self.queue_transfer(move |bus| {
-            let base = src_buf.host_ptr().ok_or_else(|| {
-                BackendError::failed("test device", "host source buffer lost its memory")
-            })?;
-            // SAFETY: `src_buf` is host memory of `src_buf.size()` bytes kept alive by the
-            // handle this closure owns; the tensor lies inside it (`tensor_alloc`/`view_init`
-            // checked `src_storage.offset + len <= size`), so the range is readable.
-            let from = unsafe { base.add(src_storage.offset) };
-            debug_assert!(src_storage.offset + len <= src_buf.size());
-            // SAFETY: as above, `from` is valid for `len` bytes for the duration of the call.
-            unsafe { dst_mem.write_from_host(bus, dst_at, from, len) }
-        })?;
+        let imp = src_buf
+            .implementation()
+            .ok_or_else(|| BackendError::failed("test device", "host source has no memory"))?;
+        let mut bytes = vec![0u8; len];
+        imp.get_tensor(src, 0, &mut bytes)?;
+        self.queue_transfer(move |bus| dst_mem.write(bus, dst_at, &bytes))?;
         Ok(true)
     }
 

@@ -141,24 +141,6 @@ impl DeviceAlloc {
         Ok(())
     }
 
-    /// Copy `len` bytes from host memory at `src` into `self` at `dst_off`.
-    ///
-    /// # Safety
-    /// `src` must be valid for reads of `len` bytes for the duration of the call.
-    pub(crate) unsafe fn write_from_host(
-        &self,
-        _bus: &BusGuard<'_>,
-        dst_off: usize,
-        src: NonNull<u8>,
-        len: usize,
-    ) -> Result<()> {
-        self.check(dst_off, len, "device write")?;
-        // SAFETY: the destination range is inside the allocation, the caller vouches for the
-        // source; host memory is never device memory, so the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(dst_off), len) };
-        Ok(())
-    }
-
     /// The base pointer, for the CPU kernels running on this device's worker while the
     /// caller holds the bus (the guard's lifetime bounds the use).
     pub(crate) fn base_ptr(&self, _bus: &BusGuard<'_>) -> NonNull<u8> {
