@@ -120,18 +120,29 @@ fn steady_state_reset_and_alloc_repeat_the_plan() {
 fn compute_runs_every_split_on_its_backend_and_advances_the_copy() {
     let file = LlamaConfig::tiny(2).offload("GPU0", 1).graph_file("p");
     let mut b = file.build().unwrap();
+    // one copy: compute leaves the copy at 0
     let mut s = b.scheduler().unwrap();
     s.alloc_graph(&mut b.ctx, &b.graph).unwrap();
-    let before = srcs_of(&b.ctx, &b.graph);
     s.graph_compute(&mut b.ctx, &b.graph).unwrap();
-    assert_eq!(srcs_of(&b.ctx, &b.graph), before);
+    assert_eq!(s.cur_copy(), 0);
+    // three copies: each compute runs every split and moves to the next copy, wrapping
+    let start = [b.backends.computed(0), b.backends.computed(1)];
+    let mut s = Scheduler::with_copies(b.backends.backends().to_vec(), None, 2048, 3).unwrap();
+    s.alloc_graph(&mut b.ctx, &b.graph).unwrap();
+    let before = srcs_of(&b.ctx, &b.graph);
     let mut want = [0usize; 2];
     for sp in s.splits() {
         want[sp.backend()] += sp.end() - sp.start();
     }
-    assert_eq!(b.backends.computed(0), want[0]);
-    assert_eq!(b.backends.computed(1), want[1]);
-    assert_eq!(s.cur_copy(), 0); // one copy: stays 0
+    assert!(want[0] > 0 && want[1] > 0);
+    for (k, copy) in [1, 2, 0, 1].into_iter().enumerate() {
+        s.graph_compute(&mut b.ctx, &b.graph).unwrap();
+        assert_eq!(srcs_of(&b.ctx, &b.graph), before);
+        assert_eq!(s.cur_copy(), copy, "after compute {}", k + 1);
+        let n = k + 1;
+        assert_eq!(b.backends.computed(0) - start[0], n * want[0]);
+        assert_eq!(b.backends.computed(1) - start[1], n * want[1]);
+    }
 }
 
 #[test]
