@@ -975,6 +975,10 @@ impl Scheduler {
     }
 
     fn split_graph_impl(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
+        // the splits below replace the allocated ones: until an allocation succeeds again,
+        // nothing is allocated (a failed split or allocation must not leave compute running
+        // the new, partial splits over the old plan)
+        self.is_alloc = false;
         self.restore_rewrites(ctx);
         self.rewrites.clear();
         // copies made by an earlier split may have been rewound away with the caller's

@@ -349,3 +349,39 @@ fn backend_ids_changing_without_a_reset_replan_and_compute() {
         );
     }
 }
+
+/// A failed `alloc_graph` must not leave the scheduler believing the last good graph is still
+/// allocated: computing the good graph next (no reset, no explicit alloc) plans it again.
+#[test]
+fn compute_after_a_failed_alloc_replans() {
+    let cfg = Cfg::tiny(3);
+    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
+    let cpu = common::cpu(2);
+    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
+    let mut s =
+        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
+    s.set_reference_limits(true);
+    let mut reference = Reference::new(&cfg, SEED, &[]);
+    assert!(compute(&mut s, &mut m, 0) == reference.step(0));
+    // the good graph allocated for the current copy, then a graph the limits reject
+    s.alloc_graph(&mut m.ctx, &m.graph).unwrap();
+    let (mut ctx, g, _, _) = many_inputs(sched::MAX_SPLIT_INPUTS + 1);
+    assert!(matches!(
+        s.alloc_graph(&mut ctx, &g),
+        Err(SchedError::TooManyGraphInputs { .. })
+    ));
+    // Either the compute plans the good graph again, or it says that nothing is allocated;
+    // it must never run the rejected graph's splits over the good one.
+    m.set_inputs(1);
+    if let Err(e) = s.graph_compute(&mut m.ctx, &m.graph) {
+        assert!(!matches!(e, SchedError::Backend(_)), "{e:?}");
+        assert!(
+            compute(&mut s, &mut m, 1) == reference.step(1),
+            "after alloc_graph"
+        );
+    }
+    assert!(
+        m.logits() == reference.step(1),
+        "the good graph computed exactly"
+    );
+}
