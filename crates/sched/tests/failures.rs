@@ -1,6 +1,8 @@
 //! The scheduler's failure paths and user assignments, computed for real over the test device
-//! and the CPU backend: each failure is a typed error, and the same scheduler then computes
-//! the next valid graph bit-for-bit as the CPU backend alone does. User assignments
+//! and the CPU backend: compute-buffer allocation failure, a backend failing mid-graph, too
+//! many graph inputs, an unassigned split input and a compute after a failed allocation are
+//! each a typed error (or an exact compute), and the same scheduler then computes the next
+//! valid graph bit-for-bit as the CPU backend alone does. User assignments
 //! (`set_tensor_backend`) and assignments that change without a reset are computed end to
 //! end, not only planned.
 
@@ -384,4 +386,39 @@ fn compute_after_a_failed_alloc_replans() {
         m.logits() == reference.step(1),
         "the good graph computed exactly"
     );
+}
+
+/// A view of a leaf that has no memory and no flag, read by a device node: nothing gives the
+/// leaf (or its view) a backend, so the view cannot be copied to the device. A typed error,
+/// and the scheduler then computes the llama graph.
+#[test]
+fn an_unassigned_split_input_is_typed_and_the_scheduler_recovers() {
+    let cfg = Cfg::tiny(3);
+    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
+    let cpu = common::cpu(2);
+    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
+    let mut s =
+        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap();
+    let mut ctx = Context::new();
+    let dev_buf = dev.buffer_type().alloc_buffer(4096).unwrap();
+    dev_buf.set_usage(backend_core::BufferUsage::Weights);
+    let w = ctx.new_tensor_2d(ElementType::F32, 16, 16).unwrap();
+    backend_core::tensor_alloc(&mut ctx, &dev_buf, w, 0).unwrap();
+    let r = ctx.new_tensor_2d(ElementType::F32, 16, 2).unwrap(); // no memory, no flag
+    ctx.set_name(r, "r").unwrap();
+    let v = ctx.view_2d(r, 16, 1, 64, 0).unwrap();
+    let y = ctx.mul_mat(w, v).unwrap();
+    let mut g = Graph::new(64);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    // planning succeeds (the view gets a copy on the device); the copy has no source backend
+    s.alloc_graph(&mut ctx, &g).unwrap();
+    let before = srcs_of(&ctx, &g);
+    assert_eq!(
+        s.graph_compute(&mut ctx, &g),
+        Err(SchedError::UnassignedInput(ctx[v].name().to_owned()))
+    );
+    assert_eq!(srcs_of(&ctx, &g), before);
+    let mut reference = Reference::new(&cfg, SEED, &[]);
+    s.reset();
+    assert!(compute(&mut s, &mut m, 2) == reference.step(2));
 }
