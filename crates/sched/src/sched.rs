@@ -1710,12 +1710,47 @@ impl Scheduler {
     // ---- compute ----
 
     /// Compute `graph` and wait for every backend (`ggml_backend_sched_graph_compute`).
+    ///
+    /// With a trace sink, the final wait for each backend that computed a split is a wait span
+    /// on its track (on a backend that queues work, that is where the work's time shows).
     pub fn graph_compute(&mut self, ctx: &mut Context, graph: &Graph) -> Result<ComputeStatus> {
         let r = self.graph_compute_async(ctx, graph);
-        let s = self.synchronize();
+        let s = if self.trace.is_some() {
+            self.synchronize_traced()
+        } else {
+            self.synchronize()
+        };
         let status = r?;
         s?;
         Ok(status)
+    }
+
+    /// [`Scheduler::synchronize`], reporting each backend's wait as a span of the last split
+    /// it computed.
+    fn synchronize_traced(&mut self) -> Result<()> {
+        for (b, backend) in self.backends.iter().enumerate() {
+            let t0 = Instant::now();
+            backend.synchronize()?;
+            let last = self.splits[..self.n_splits]
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, sp)| sp.backend == b);
+            if let (Some(sink), Some((k, sp))) = (self.trace.as_mut(), last) {
+                sink.span(&TraceSpan {
+                    kind: SpanKind::Wait,
+                    backend: b,
+                    split: k,
+                    nodes: (sp.start, sp.end),
+                    tensor: None,
+                    bytes: 0,
+                    waits_for: Some(b),
+                    start: t0,
+                    end: Instant::now(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Compute `graph` without waiting for the last backend

@@ -12,8 +12,10 @@
 //! Times are host times: a span covers the scheduler's call. On a backend that computes
 //! synchronously (the CPU) that is the work itself; on one that queues work (the test device,
 //! GPUs) a compute span covers the submission, and the time the device then takes shows up in
-//! the waits that follow on other tracks. Overlap between backends is therefore visible as
-//! one backend's spans running while another's queued work is still unfinished.
+//! the waits that follow: before a later split's copies, or at the end of `graph_compute`,
+//! where the wait for each backend is a span on that backend's track. Spans on different
+//! tracks never run at once on the host; overlap between backends shows as one backend's
+//! spans running while another's queued work is still unfinished (up to the wait for it).
 //!
 //! Why not `tracing-chrome`: it puts spans on one track per thread (or per span id), and the
 //! scheduler issues every backend's work from one thread, so it cannot draw one track per
@@ -37,7 +39,8 @@ pub enum SpanKind {
     Compute,
     /// One input copy into the split's backend.
     Copy,
-    /// Waiting before a copy: for the split backend's event or for a backend to finish.
+    /// Waiting: before a copy, for the split backend's event or for a backend to finish;
+    /// at the end of `graph_compute`, for the backend to finish the split's queued work.
     Wait,
 }
 
@@ -250,12 +253,12 @@ impl ChromeTrace {
             let (fill, h) = match s.kind {
                 SpanKind::Compute => (lane_colour(s.backend, n), 0.34),
                 SpanKind::Copy => ("#d62728", 0.22),
-                SpanKind::Wait => ("#bdbdbd", 0.14),
+                SpanKind::Wait => ("#d9d9d9", 0.2),
             };
-            let label = if s.kind == SpanKind::Compute && w > 0.45 {
-                format!("split {}", s.split)
-            } else {
-                String::new()
+            let label = match s.kind {
+                SpanKind::Compute if w > 0.45 => format!("split {}", s.split),
+                SpanKind::Wait if w > 1.2 => format!("waiting for split {}", s.split),
+                _ => String::new(),
             };
             let tip = format!(
                 "{} · split {} · nodes {}..{}{}{} · {:.1} µs",

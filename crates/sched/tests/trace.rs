@@ -137,14 +137,23 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
         let c = &spans[i];
         assert_eq!((c.split, c.tid), (k as u64, *backend as u64), "{c:?}");
         assert_eq!(c.nodes, format!("{start}..{end}"));
-        let before = &spans[prev_end..i];
-        let copies: Vec<&Span> = before.iter().filter(|s| s.name == "copy").collect();
+        // The final waits of the previous compute (no tensor) come first; then this split's
+        // copies and the waits before them.
+        let before: Vec<&Span> = spans[prev_end..i]
+            .iter()
+            .filter(|s| !(s.name == "wait" && s.tensor.is_none()))
+            .collect();
+        let copies: Vec<&Span> = before
+            .iter()
+            .copied()
+            .filter(|s| s.name == "copy")
+            .collect();
         let copied: Vec<&str> = copies
             .iter()
             .map(|s| s.tensor.as_deref().unwrap())
             .collect();
         assert_eq!(copied, *inputs, "split {k}: copies");
-        for s in before {
+        for s in &before {
             assert_eq!((s.split, s.tid), (k as u64, *backend as u64), "{s:?}");
             // 1 ns of slack for the float microseconds
             assert!(
@@ -158,7 +167,34 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
         }
         prev_end = i + 1;
     }
-    assert_eq!(prev_end, spans.len(), "spans after the last compute");
+    // After each compute's last split: one final wait per backend that computed a split, on
+    // its track, for the last split it computed, after that split's compute.
+    let finals: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "wait" && s.tensor.is_none())
+        .collect();
+    let backends_used: std::collections::BTreeSet<usize> = splits.iter().map(|s| s.0).collect();
+    assert_eq!(finals.len(), backends_used.len() * steps as usize);
+    for f in &finals {
+        let k = f.split as usize;
+        assert_eq!(f.tid, splits[k].0 as u64);
+        assert_eq!(
+            splits[k + 1..].iter().find(|s| s.0 == splits[k].0),
+            None,
+            "{f:?}"
+        );
+        let compute = spans
+            .iter()
+            .rfind(|s| s.name == "compute" && s.split == f.split && s.ts <= f.ts)
+            .expect("a compute before the final wait");
+        assert!(compute.end <= f.ts + 1e-3, "{f:?} before {compute:?}");
+    }
+    assert!(
+        spans[prev_end..]
+            .iter()
+            .all(|s| s.name == "wait" && s.tensor.is_none()),
+        "only final waits after the last compute"
+    );
 
     // Spans of one track never overlap.
     for tid in tracks.keys() {
