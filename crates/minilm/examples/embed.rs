@@ -31,6 +31,12 @@ options:
   --file F          read sentences from F, one per line (blank lines skipped)
   --json            print [{\"sentence\": ..., \"embedding\": [...]}] instead of the summary
   --plan            print the scheduler's split plan (GGML_SCHED_DEBUG layout) first
+  --plan-svg F      draw the scheduler's plan of the first batch into F with Graphviz's
+                    `dot` (format from F's extension: .svg, .png, ...)
+  --dot F           write that plan's Graphviz DOT into F
+  --trace F         write a Chrome trace-event file of the run into F (one track per
+                    backend; open it in https://ui.perfetto.dev)
+  --trace-picture F draw the run's timeline into F with Graphviz (.svg, .png, ...)
   --offload N       place the last N layers' weights on the test device, or on the
                     remote devices when --rpc is given (default there: half the layers)
   --rpc HOST:PORT   a remote device: a server speaking ggml's RPC protocol 7.0.0 (ggml's
@@ -47,6 +53,10 @@ struct Args {
     sentences: Vec<String>,
     json: bool,
     plan: bool,
+    plan_svg: Option<PathBuf>,
+    dot: Option<PathBuf>,
+    trace: Option<PathBuf>,
+    trace_picture: Option<PathBuf>,
     opts: EmbedderOptions,
 }
 
@@ -55,6 +65,10 @@ fn parse() -> Result<Option<Args>, String> {
         sentences: Vec::new(),
         json: false,
         plan: false,
+        plan_svg: None,
+        dot: None,
+        trace: None,
+        trace_picture: None,
         opts: EmbedderOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -63,11 +77,21 @@ fn parse() -> Result<Option<Args>, String> {
         v.parse()
             .map_err(|_| format!("{flag}: {v:?} is not a non-negative integer"))
     };
+    let path = |v: Option<String>, flag: &str| -> Result<PathBuf, String> {
+        v.map(PathBuf::from)
+            .ok_or_else(|| format!("{flag} needs a file"))
+    };
     while let Some(a) = it.next() {
         match a.as_str() {
             "-h" | "--help" => return Ok(None),
             "--json" => args.json = true,
             "--plan" => args.plan = true,
+            "--plan-svg" => args.plan_svg = Some(path(it.next(), "--plan-svg")?),
+            "--dot" => args.dot = Some(path(it.next(), "--dot")?),
+            "--trace" => args.trace = Some(path(it.next(), "--trace")?),
+            "--trace-picture" => {
+                args.trace_picture = Some(path(it.next(), "--trace-picture")?);
+            }
             "--profile" => args.opts.profile = true,
             "--offload" => args.opts.offload = num(it.next(), "--offload")?,
             "--rpc" => args
@@ -113,8 +137,44 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         writeln!(out, "{}", plan.trim_end())?;
         writeln!(out)?;
     }
+    if args.plan_svg.is_some() || args.dot.is_some() {
+        let batch = match args.opts.batch_size {
+            0 => &args.sentences[..],
+            n => &args.sentences[..n.min(args.sentences.len())],
+        };
+        let title = format!(
+            "MiniLM, {} sentences, {} backends",
+            batch.len(),
+            embedder.backend_names().len()
+        );
+        let dot = embedder.plan_dot(batch, &title)?;
+        if let Some(f) = &args.dot {
+            std::fs::write(f, &dot).map_err(|e| format!("{}: {e}", f.display()))?;
+            tracing::info!(file = %f.display(), "plan DOT written");
+        }
+        if let Some(f) = &args.plan_svg {
+            sched::dot::render(&dot, f)?;
+            tracing::info!(file = %f.display(), "plan picture written");
+        }
+    }
+    let tracing_on = args.trace.is_some() || args.trace_picture.is_some();
+    let trace = tracing_on.then(|| {
+        let t = sched::trace::ChromeTrace::new(embedder.backend_names());
+        embedder.set_trace_sink(Some(Box::new(t.clone())));
+        t
+    });
     let t1 = Instant::now();
     let embeddings = embedder.embed(&args.sentences)?;
+    if let (Some(t), Some(f)) = (&trace, &args.trace) {
+        let file = std::fs::File::create(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        t.write_json(std::io::BufWriter::new(file))?;
+        tracing::info!(file = %f.display(), spans = t.spans().len(), "trace written");
+    }
+    if let (Some(t), Some(f)) = (&trace, &args.trace_picture) {
+        let title = format!("MiniLM run, {} sentences", args.sentences.len());
+        sched::dot::render(&t.timeline_dot(&title), f)?;
+        tracing::info!(file = %f.display(), "trace picture written");
+    }
     let dt = t1.elapsed();
     tracing::info!(
         sentences = args.sentences.len(),
@@ -181,6 +241,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = match parse() {
         Ok(Some(a)) => a,

@@ -378,6 +378,34 @@ impl Embedder {
         Ok(out)
     }
 
+    /// The scheduler's plan for a batch of `sentences` as Graphviz DOT
+    /// ([`sched::dot::write_dot`]), headed by `title`; render it with [`sched::dot::render`].
+    pub fn plan_dot<S: AsRef<str>>(&mut self, sentences: &[S], title: &str) -> Result<String> {
+        let batch = self.tokenizer.batch(sentences)?;
+        let g = self.prepare(&batch)?;
+        let mut out = String::new();
+        sched::dot::write_dot(&self.sched, &self.ctx, &g.graph, title, &mut out);
+        Ok(out)
+    }
+
+    /// Install or remove the scheduler's trace sink ([`sched::trace`]): every later compute
+    /// reports its input copies, waits and split computes to it. Returns the sink replaced.
+    pub fn set_trace_sink(
+        &mut self,
+        sink: Option<Box<dyn sched::trace::TraceSink>>,
+    ) -> Option<Box<dyn sched::trace::TraceSink>> {
+        self.sched.set_trace_sink(sink)
+    }
+
+    /// Names of the scheduler's backends, in its order (the tracks of a trace).
+    pub fn backend_names(&self) -> Vec<String> {
+        self.sched
+            .backends()
+            .iter()
+            .map(|b| b.name().to_owned())
+            .collect()
+    }
+
     /// Splits of the last planned graph.
     pub fn n_splits(&self) -> usize {
         self.sched.n_splits()

@@ -740,6 +740,14 @@ impl GraphFile {
         Ok(Plan::from_scheduler(&s, &b.ctx, &b.graph))
     }
 
+    /// The schedule as Graphviz DOT ([`crate::dot::write_dot`]), headed by `title`.
+    pub fn dot(&self, title: &str) -> Result<String, FixtureError> {
+        let (b, s) = self.schedule()?;
+        let mut out = String::new();
+        crate::dot::write_dot(&s, &b.ctx, &b.graph, title, &mut out);
+        Ok(out)
+    }
+
     /// The `GGML_SCHED_DEBUG` layout (level 2) of the schedule.
     pub fn debug_layout(&self) -> Result<String, FixtureError> {
         let (b, s) = self.schedule()?;

@@ -20,6 +20,8 @@
 //! * [`fixture`]: graph files (`FORMAT.md`) and backends that honour their capabilities.
 //! * [`Plan`]: the plan-file form of a schedule; [`Scheduler::write_layout`] the
 //!   `GGML_SCHED_DEBUG` layout.
+//! * [`dot`]: a picture of a plan (Graphviz DOT, rendered by `dot`).
+//! * [`trace`]: a picture of a run (Chrome trace-event JSON from an optional sink).
 //! * [`llama`]: a llama-shaped graph-file generator for tests and benchmarks.
 //!
 //! ```
@@ -38,6 +40,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod dot;
 mod error;
 pub mod fixture;
 mod galloc;
@@ -45,6 +48,7 @@ pub mod llama;
 mod plan;
 mod print;
 mod sched;
+pub mod trace;
 
 pub use error::SchedError;
 pub use plan::{Plan, PlanSplit, PlanTensor};

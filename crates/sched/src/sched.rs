@@ -15,6 +15,7 @@
 //!   original sources before any public call returns.
 
 use std::fmt::Write as _;
+use std::time::Instant;
 
 use backend_core::{
     Backend, BufferType, BufferUsage, ComputeStatus, Device, DeviceType, Event,
@@ -24,6 +25,7 @@ use graph::{Context, Graph, Op, Tensor, TensorFlags, TensorId, TensorName};
 
 use crate::error::SchedError;
 use crate::galloc::{AllocError, GraphAllocator};
+use crate::trace::{SpanKind, TraceSink, TraceSpan};
 
 /// Most backends one scheduler drives (`GGML_SCHED_MAX_BACKENDS`).
 pub const MAX_BACKENDS: usize = 16;
@@ -390,6 +392,7 @@ pub struct Scheduler {
     scratch_bids: Vec<i32>,
 
     callback: Option<EvalCallback>,
+    trace: Option<Box<dyn TraceSink>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -521,6 +524,7 @@ impl Scheduler {
             scratch: Vec::new(),
             scratch_bids: Vec::new(),
             callback: None,
+            trace: None,
         };
         s.reset();
         Ok(s)
@@ -544,6 +548,16 @@ impl Scheduler {
     /// Install or remove the eval callback (`ggml_backend_sched_set_eval_callback`).
     pub fn set_eval_callback(&mut self, callback: Option<EvalCallback>) {
         self.callback = callback;
+    }
+
+    /// Install or remove the trace sink, which then receives a [`TraceSpan`] for every
+    /// input copy, wait and split compute of [`Scheduler::graph_compute`] (see
+    /// [`crate::trace`]); returns the sink it replaces. Without a sink nothing is timed.
+    pub fn set_trace_sink(
+        &mut self,
+        sink: Option<Box<dyn TraceSink>>,
+    ) -> Option<Box<dyn TraceSink>> {
+        std::mem::replace(&mut self.trace, sink)
     }
 
     /// Number of backends.
@@ -1700,12 +1714,47 @@ impl Scheduler {
     // ---- compute ----
 
     /// Compute `graph` and wait for every backend (`ggml_backend_sched_graph_compute`).
+    ///
+    /// With a trace sink, the final wait for each backend that computed a split is a wait span
+    /// on its track (on a backend that queues work, that is where the work's time shows).
     pub fn graph_compute(&mut self, ctx: &mut Context, graph: &Graph) -> Result<ComputeStatus> {
         let r = self.graph_compute_async(ctx, graph);
-        let s = self.synchronize();
+        let s = if self.trace.is_some() {
+            self.synchronize_traced()
+        } else {
+            self.synchronize()
+        };
         let status = r?;
         s?;
         Ok(status)
+    }
+
+    /// [`Scheduler::synchronize`], reporting each backend's wait as a span of the last split
+    /// it computed.
+    fn synchronize_traced(&mut self) -> Result<()> {
+        for (b, backend) in self.backends.iter().enumerate() {
+            let t0 = Instant::now();
+            backend.synchronize()?;
+            let last = self.splits[..self.n_splits]
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, sp)| sp.backend == b);
+            if let (Some(sink), Some((k, sp))) = (self.trace.as_mut(), last) {
+                sink.span(&TraceSpan {
+                    kind: SpanKind::Wait,
+                    backend: b,
+                    split: k,
+                    nodes: (sp.start, sp.end),
+                    tensor: None,
+                    bytes: 0,
+                    waits_for: Some(b),
+                    start: t0,
+                    end: Instant::now(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Compute `graph` without waiting for the last backend
@@ -1748,6 +1797,19 @@ impl Scheduler {
             let split_backend_id = self.splits[si].backend;
             let split_backend = self.backends[split_backend_id].clone();
             let event = self.event(split_backend_id, self.cur_copy).cloned();
+            let (start, end) = (self.splits[si].start, self.splits[si].end);
+            // The trace's span for this split, started at `t` (only read with a sink).
+            let span = |kind, t: Instant, tensor: Option<TensorName>| TraceSpan {
+                kind,
+                backend: split_backend_id,
+                split: si,
+                nodes: (start, end),
+                tensor,
+                bytes: 0,
+                waits_for: None,
+                start: t,
+                end: t,
+            };
 
             for k in 0..self.splits[si].inputs.len() {
                 let input = self.splits[si].inputs[k];
@@ -1759,12 +1821,33 @@ impl Scheduler {
                 let copy = self
                     .get_copy(input, split_backend_id, self.cur_copy)
                     .expect("every split input has copies");
+                let tracing = self.trace.is_some();
+                let name = if tracing {
+                    Some(TensorName::new(ctx.get(input)?.name()))
+                } else {
+                    None
+                };
+                let bytes = ctx.get(input)?.nbytes();
+                let mut t = tracing.then(Instant::now);
+                let waited =
+                    |trace: &mut Option<Box<dyn TraceSink>>, t: &mut Option<Instant>, on: usize| {
+                        if let (Some(sink), Some(t0)) = (trace.as_mut(), *t) {
+                            let now = Instant::now();
+                            sink.span(&TraceSpan {
+                                end: now,
+                                waits_for: Some(on),
+                                ..span(SpanKind::Wait, t0, name)
+                            });
+                            *t = Some(now);
+                        }
+                    };
                 if ctx.get(input)?.flags().contains(TensorFlags::INPUT) {
                     // user inputs are copied at once: the user may overwrite them after return
                     match &event {
                         Some(e) => e.synchronize()?,
                         None => split_backend.synchronize()?,
                     }
+                    waited(&mut self.trace, &mut t, split_backend_id);
                     backend_core::tensor_copy(ctx, input, copy)?;
                 } else {
                     // wait until the split backend is done with the copy's previous contents
@@ -1772,6 +1855,7 @@ impl Scheduler {
                         Some(e) => split_backend.event_wait(e)?,
                         None => split_backend.synchronize()?,
                     }
+                    waited(&mut self.trace, &mut t, split_backend_id);
                     let queued = split_backend.implementation().cpy_tensor_async(
                         input_backend,
                         ctx.get(input)?,
@@ -1783,22 +1867,26 @@ impl Scheduler {
                             Some(e) => e.synchronize()?,
                             None => split_backend.synchronize()?,
                         }
+                        waited(&mut self.trace, &mut t, ib as usize);
                         backend_core::tensor_copy(ctx, input, copy)?;
                     }
                 }
+                if let (Some(sink), Some(t0)) = (self.trace.as_mut(), t) {
+                    sink.span(&TraceSpan {
+                        end: Instant::now(),
+                        bytes,
+                        ..span(SpanKind::Copy, t0, name)
+                    });
+                }
             }
 
-            let (start, end) = (self.splits[si].start, self.splits[si].end);
+            let t = self.trace.is_some().then(Instant::now);
             let split_nodes = &graph.nodes()[start..end];
-            match self.callback.as_mut() {
-                None => {
-                    let st = split_backend
-                        .graph_compute_async(ctx, graph::GraphView::new(split_nodes, &[]))?;
-                    if st != ComputeStatus::Success {
-                        return Ok(st);
-                    }
-                }
+            let status = match self.callback.as_mut() {
+                None => split_backend
+                    .graph_compute_async(ctx, graph::GraphView::new(split_nodes, &[]))?,
                 Some(cb) => {
+                    let mut status = ComputeStatus::Success;
                     let mut j0 = 0;
                     while j0 < split_nodes.len() {
                         let mut t = split_nodes[j0];
@@ -1810,9 +1898,9 @@ impl Scheduler {
                             need = cb(ctx, t, true);
                         }
                         let view = graph::GraphView::new(&split_nodes[j0..=j1], &[]);
-                        let st = split_backend.graph_compute_async(ctx, view)?;
-                        if st != ComputeStatus::Success {
-                            return Ok(st);
+                        status = split_backend.graph_compute_async(ctx, view)?;
+                        if status != ComputeStatus::Success {
+                            break;
                         }
                         split_backend.synchronize()?;
                         if need && !cb(ctx, t, false) {
@@ -1820,7 +1908,17 @@ impl Scheduler {
                         }
                         j0 = j1 + 1;
                     }
+                    status
                 }
+            };
+            if let (Some(sink), Some(t0)) = (self.trace.as_mut(), t) {
+                sink.span(&TraceSpan {
+                    end: Instant::now(),
+                    ..span(SpanKind::Compute, t0, None)
+                });
+            }
+            if status != ComputeStatus::Success {
+                return Ok(status);
             }
 
             if !self.splits[si].inputs.is_empty()
