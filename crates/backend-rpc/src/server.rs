@@ -43,6 +43,7 @@ use crate::wire::{
 /// use backend_rpc::ServerConfig;
 /// let cfg = ServerConfig { max_clients: 4, ..ServerConfig::default() };
 /// assert!(cfg.max_buffer_size <= cfg.max_client_memory);
+/// assert!(cfg.max_client_memory <= cfg.max_server_memory);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
@@ -50,6 +51,11 @@ pub struct ServerConfig {
     pub max_buffer_size: u64,
     /// Most bytes one client may hold in buffers at once.
     pub max_client_memory: u64,
+    /// Most bytes all clients together may hold in buffers at once. An allocation past it
+    /// (or past [`ServerConfig::max_client_memory`]) gets the protocol's failure answer (a
+    /// null buffer), which our client reports as [`backend_core::BackendError::AllocationFailed`];
+    /// the connection stays open.
+    pub max_server_memory: u64,
     /// Largest SET_TENSOR data payload.
     pub max_set_size: u64,
     /// Most nodes in one graph.
@@ -67,6 +73,7 @@ impl Default for ServerConfig {
         ServerConfig {
             max_buffer_size: 16 << 30,
             max_client_memory: 64 << 30,
+            max_server_memory: 64 << 30,
             max_set_size: 1 << 30,
             max_graph_nodes: 1 << 16,
             max_graph_tensors: 1 << 18,
@@ -145,6 +152,10 @@ pub struct Server {
     active: AtomicUsize,
     next_conn: AtomicU64,
     conns: StdMutex<HashMap<u64, TcpStream>>,
+    /// Bytes held in buffers by all sessions (the [`ServerConfig::max_server_memory`] account).
+    held: AtomicU64,
+    /// Sessions dropped so far.
+    ended: AtomicU64,
 }
 
 impl std::fmt::Debug for Server {
@@ -221,12 +232,53 @@ impl Server {
             active: AtomicUsize::new(0),
             next_conn: AtomicU64::new(1),
             conns: StdMutex::new(HashMap::new()),
+            held: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
         })
     }
 
     /// The limits.
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+
+    /// Bytes all sessions hold in buffers now (returns to 0 when every client is gone).
+    ///
+    /// ```
+    /// # use backend_rpc::{Server, ServerConfig};
+    /// let dev = backend_cpu::cpu_device();
+    /// let server = Server::new(dev, std::sync::Arc::new(backend_cpu::init), ServerConfig::default());
+    /// assert_eq!(server.held_bytes(), 0);
+    /// ```
+    pub fn held_bytes(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Sessions that have ended (clients gone, each with all it held freed). A process can
+    /// watch it to hand freed memory back to the OS, as the `rpc-server` binary does.
+    pub fn sessions_ended(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Take `size` bytes from the server-wide account; `false` (nothing taken) past the cap.
+    fn reserve(&self, size: u64) -> bool {
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                h.checked_add(size)
+                    .filter(|&t| t <= self.config.max_server_memory)
+            })
+            .is_ok()
+    }
+
+    /// Give back `size` bytes taken by [`Server::reserve`].
+    fn release(&self, size: u64) {
+        // Saturating: a release never exceeds what its session reserved, so this only guards
+        // against our own accounting bug turning into a wrap-around.
+        let _ = self
+            .held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                Some(h.saturating_sub(size))
+            });
     }
 
     /// A fresh per-connection state machine (what each accepted client gets).
@@ -322,6 +374,8 @@ impl Server {
     fn serve_connection(self: &Arc<Self>, mut stream: TcpStream, peer: &str) {
         let _ = stream.set_nodelay(true);
         let _ = stream.set_read_timeout(self.config.idle_timeout);
+        // A client that stops reading its answers is cut after the same time.
+        let _ = stream.set_write_timeout(self.config.idle_timeout);
         let mut session = self.session();
         let why = loop {
             let mut head = [0u8; 9];
@@ -421,6 +475,8 @@ fn wire_nbytes(ty: ElementType, ne: [u32; 4], nb: [u32; 4]) -> Option<u64> {
         return Some(0);
     }
     let blck = ty.block_size() as u64;
+    // `ne` has no zero (above), so `ne[d] - 1` below cannot underflow; `blck` is not zero for
+    // any type `type_from_wire` returns.
     let mut bytes = if blck == 1 {
         ty.type_size() as u64
     } else {
@@ -432,6 +488,14 @@ fn wire_nbytes(ty: ElementType, ne: [u32; 4], nb: [u32; 4]) -> Option<u64> {
         bytes = bytes.checked_add(term)?;
     }
     Some(bytes)
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The buffers themselves go with `self.buffers`; give their bytes back to the server.
+        self.server.release(self.allocated);
+        self.server.ended.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Session {
@@ -455,7 +519,9 @@ impl Session {
             Some(_) => Ok(c),
             None => {
                 let max = match c {
-                    Command::SetTensor => SET_TENSOR_FIXED as u64 + cfg.max_set_size,
+                    Command::SetTensor => {
+                        (SET_TENSOR_FIXED as u64).saturating_add(cfg.max_set_size)
+                    }
                     _ => GraphMessage::encoded_size(
                         cfg.max_graph_nodes as usize,
                         cfg.max_graph_tensors as usize,
@@ -522,7 +588,9 @@ impl Session {
                     .buffers
                     .remove(&h)
                     .ok_or(ServerError::UnknownBuffer(h))?;
+                // Cannot underflow: `allocated` is the sum of the sizes in `buffers`.
                 self.allocated -= b.size;
+                self.server.release(b.size);
                 // ggml drops its stored graph on any free; so do we (it may point into b).
                 self.stored = None;
                 None
@@ -676,16 +744,29 @@ impl Session {
                 .is_none_or(|t| t > cfg.max_client_memory)
             || self.next_handle > MAX_HANDLE
         {
-            tracing::warn!(size, "refusing allocation over the limits");
+            tracing::warn!(size, "refusing allocation over the client's limits");
             return (0, 0);
         }
+        if !self.server.reserve(size) {
+            tracing::warn!(
+                size,
+                held = self.server.held_bytes(),
+                cap = cfg.max_server_memory,
+                "refusing allocation over the server's memory cap"
+            );
+            return (0, 0);
+        }
+        // `size` <= max_buffer() < 2^40 fits usize on the 64-bit targets we build for.
         let buffer = match self.server.device.buffer_type().alloc_buffer(size as usize) {
             Ok(b) => b,
             Err(e) => {
+                self.server.release(size);
                 tracing::warn!(size, error = %e, "allocation failed");
                 return (0, 0);
             }
         };
+        // No overflow: `next_handle <= MAX_HANDLE` and `allocated + size <= max_client_memory`
+        // were checked above.
         let h = self.next_handle;
         self.next_handle += 1;
         self.allocated += size;
@@ -846,6 +927,7 @@ impl Session {
             Op::Cpy => ctx.cpy(need(0)?, need(1)?).map_err(ge)?,
             Op::Cont => {
                 let a = need(0)?;
+                // `a` came from `ids`, which holds only tensors made in this `ctx`.
                 if ctx[a].ne() == ne {
                     ctx.cont(a).map_err(ge)?
                 } else {
@@ -897,6 +979,7 @@ impl Session {
             Op::Unary(u) => ctx.unary(need(0)?, u).map_err(ge)?,
             other => return Err(bad_tensor(w.id, format!("op {other} is not supported"))),
         };
+        // `id` was just made in `ctx` by one of the constructors above.
         let t = &ctx[id];
         let nb = w.nb.map(|v| v as usize);
         if t.ty() != ty || t.ne() != ne || t.nb() != nb {
@@ -929,9 +1012,9 @@ impl Session {
     fn compute(&mut self, g: &StoredGraph) -> Result<(), ServerError> {
         for &n in &g.nodes {
             if !self.server.device.supports_op(&g.ctx, n) {
+                let op = g.ctx.get(n).map_or("?", |t| t.op().name());
                 return Err(ServerError::BadGraph(format!(
-                    "the device cannot compute {} of node {n:?}",
-                    g.ctx[n].op()
+                    "the device cannot compute {op} of node {n:?}"
                 )));
             }
         }
