@@ -7,6 +7,8 @@
 //! * `cargo xtask fmt-check | clippy | test | doc | insta-check | miri [CRATE...]` — one step.
 //! * `cargo xtask plan FILE.graph.json [--debug]` — the scheduler's plan inspector.
 //! * `cargo xtask demo [ARGS...]` — MiniLM sentence embeddings through the scheduler.
+//! * `cargo xtask rpc-soak [--secs 60] [--clients 32] [--json]` — the RPC server under load and
+//!   hostile clients (release build); requests/s, p99 latency, resident memory before/after.
 //!
 //! The crate uses only `std` so that it builds in seconds on a clean clone.
 //!
@@ -46,6 +48,9 @@ tasks:
   plan FILE.graph.json [--debug]
                              print the scheduler's plan for a graph file (plan-inspector)
   demo [ARGS...]             MiniLM sentence embeddings through the scheduler
+  rpc-soak [--secs 60] [--clients 32] [--json]
+                             rpc-server under load and hostile clients (release): requests/s,
+                             p99 latency of a one-node graph, server RSS before/after
   help                       this text
 
 environment:
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         "miri" => miri(rest),
         "plan" => plan(rest),
         "demo" => demo(rest),
+        "rpc-soak" => rpc_soak(rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -357,6 +363,29 @@ fn demo(args: &[String]) -> Result {
             "minilm",
             "--example",
             "embed",
+            "--",
+        ])
+        .args(args))
+}
+
+fn rpc_soak(args: &[String]) -> Result {
+    // The example runs the server binary built next to it.
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "backend-rpc",
+        "--bin",
+        "rpc-server",
+    ]))?;
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "backend-rpc",
+            "--example",
+            "rpc_soak",
             "--",
         ])
         .args(args))

@@ -13,7 +13,11 @@
 //! * a graph is rebuilt with the shape-checked constructors of [`graph::Context`], and each node
 //!   must come out with exactly the type, extents, strides and sources that were sent, so the
 //!   kernels only ever see graphs our own API could have built;
-//! * allocations are bounded per buffer and per client; node and tensor counts are bounded.
+//! * allocations are bounded per buffer, per client and for the whole server (one byte account
+//!   shared by all sessions, given back when a buffer is freed or its session ends); node and
+//!   tensor counts are bounded;
+//! * SET_TENSOR and GET_TENSOR data moves between the socket and the buffer in 1 MiB chunks,
+//!   so besides its buffers a client can make the server hold at most one graph message.
 //!
 //! A bad message closes that connection with a log line; the other clients and the server go
 //! on. Each connection has its own buffers (freed when it goes away) and its own backend, so
@@ -33,8 +37,8 @@ use graph::{Context, ElementType, GraphError, GraphView, Op, RopeParams, TensorF
 
 use crate::mapping::{op_from_wire, type_from_wire};
 use crate::wire::{
-    CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, Reader,
-    RpcTensor, SET_TENSOR_FIXED, WireError,
+    CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, RPC_TENSOR_SIZE,
+    Reader, RpcTensor, SET_TENSOR_FIXED, WireError,
 };
 
 /// Limits and settings of a server.
@@ -388,8 +392,25 @@ impl Server {
                 break Some(format!("read: {e}"));
             }
             let size = u64::from_le_bytes(head[1..9].try_into().unwrap_or_default());
-            if let Err(e) = session.check_header(head[0], size) {
-                break Some(e.to_string());
+            let cmd = match session.check_header(head[0], size) {
+                Ok(c) => c,
+                Err(e) => break Some(e.to_string()),
+            };
+            // Bulk data goes between the socket and the buffer in chunks, so what a client
+            // makes the server hold besides its buffers stays small whatever it sends or asks.
+            let streamed = match cmd {
+                Command::SetTensor if size >= SET_TENSOR_FIXED as u64 => Some(stream_set(
+                    &session,
+                    &mut stream,
+                    size - SET_TENSOR_FIXED as u64,
+                )),
+                Command::GetTensor => Some(stream_get(&session, &mut stream)),
+                _ => None,
+            };
+            match streamed {
+                Some(Ok(())) => continue,
+                Some(Err(why)) => break Some(why),
+                None => {}
             }
             let mut payload = Vec::new();
             match (&mut stream).take(size).read_to_end(&mut payload) {
@@ -415,6 +436,54 @@ impl Server {
             Some(why) => tracing::warn!(%peer, %why, "closing client connection"),
         }
     }
+}
+
+/// Bytes moved per step between a socket and a buffer (SET_TENSOR, GET_TENSOR).
+const STREAM_CHUNK: usize = 1 << 20;
+
+/// SET_TENSOR from the socket: the fixed part, checked, then `len` data bytes straight into
+/// the buffer, chunk by chunk.
+fn stream_set(session: &Session, stream: &mut TcpStream, len: u64) -> Result<(), String> {
+    let mut fixed = [0u8; SET_TENSOR_FIXED];
+    read_message(stream, &mut fixed)?;
+    let (buf, pos) = session.set_target(&fixed, len).map_err(|e| e.to_string())?;
+    // `len` fits the buffer (checked by `set_target`), so it fits usize and `pos + done` does.
+    let len = len as usize;
+    let mut staging = vec![0u8; len.min(STREAM_CHUNK)];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(STREAM_CHUNK);
+        read_message(stream, &mut staging[..n])?;
+        write_bytes(&buf, pos + done, &staging[..n]).map_err(|e| e.to_string())?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// GET_TENSOR to the socket: the answer goes out chunk by chunk from the buffer.
+fn stream_get(session: &Session, stream: &mut TcpStream) -> Result<(), String> {
+    let mut req = [0u8; RPC_TENSOR_SIZE + 16];
+    read_message(stream, &mut req)?;
+    let (buf, pos, len) = session.get_source(&req).map_err(|e| e.to_string())?;
+    let write = |s: &mut TcpStream, b: &[u8]| s.write_all(b).map_err(|e| format!("write: {e}"));
+    write(stream, &(len as u64).to_le_bytes())?;
+    let mut staging = vec![0u8; len.min(STREAM_CHUNK)];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(STREAM_CHUNK);
+        read_bytes(&buf, pos + done, &mut staging[..n]).map_err(|e| e.to_string())?;
+        write(stream, &staging[..n])?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Fill `out` from the rest of a message.
+fn read_message(stream: &mut TcpStream, out: &mut [u8]) -> Result<(), String> {
+    stream.read_exact(out).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => "connection closed inside a message".to_owned(),
+        _ => format!("read: {e}"),
+    })
 }
 
 /// One remote buffer of a session.
@@ -602,13 +671,9 @@ impl Session {
                 None
             }
             Command::SetTensor => {
-                let t = RpcTensor::read(&mut r)?;
-                let _cache = r.u8()?;
-                let offset = r.u64()?;
-                let data = r.bytes(r.remaining())?;
-                let loc = self.locate(&t)?;
-                let pos = self.range_in_buffer(&loc, offset, data.len() as u64, "SET_TENSOR")?;
-                write_bytes(&self.buffer(loc.handle)?.buffer, pos, data)?;
+                let (fixed, data) = payload.split_at(payload.len().min(SET_TENSOR_FIXED));
+                let (buf, pos) = self.set_target(fixed, data.len() as u64)?;
+                write_bytes(&buf, pos, data)?;
                 None
             }
             Command::SetTensorHash => {
@@ -620,13 +685,9 @@ impl Session {
                 Some(vec![0])
             }
             Command::GetTensor => {
-                let t = RpcTensor::read(&mut r)?;
-                let offset = r.u64()?;
-                let size = r.u64()?;
-                let loc = self.locate(&t)?;
-                let pos = self.range_in_buffer(&loc, offset, size, "GET_TENSOR")?;
-                let mut out = vec![0u8; size as usize];
-                read_bytes(&self.buffer(loc.handle)?.buffer, pos, &mut out)?;
+                let (buf, pos, len) = self.get_source(payload)?;
+                let mut out = vec![0u8; len];
+                read_bytes(&buf, pos, &mut out)?;
                 Some(out)
             }
             Command::MemsetTensor => {
@@ -713,6 +774,31 @@ impl Session {
             }
         };
         Ok(out)
+    }
+
+    /// Where SET_TENSOR's `len` data bytes go, from its fixed part (tensor, cache flag,
+    /// offset): the buffer and the position in it, range checked.
+    fn set_target(&self, fixed: &[u8], len: u64) -> Result<(Buffer, usize), ServerError> {
+        let mut r = Reader::new(fixed, "SET_TENSOR");
+        let t = RpcTensor::read(&mut r)?;
+        let _cache = r.u8()?;
+        let offset = r.u64()?;
+        let loc = self.locate(&t)?;
+        let pos = self.range_in_buffer(&loc, offset, len, "SET_TENSOR")?;
+        Ok((self.buffer(loc.handle)?.buffer.clone(), pos))
+    }
+
+    /// What GET_TENSOR reads: the buffer, the position in it and the length, range checked
+    /// (so the length is at most the buffer's size).
+    fn get_source(&self, payload: &[u8]) -> Result<(Buffer, usize, usize), ServerError> {
+        let mut r = Reader::new(payload, "GET_TENSOR");
+        let t = RpcTensor::read(&mut r)?;
+        let offset = r.u64()?;
+        let size = r.u64()?;
+        let loc = self.locate(&t)?;
+        let pos = self.range_in_buffer(&loc, offset, size, "GET_TENSOR")?;
+        // `size` lies inside a buffer of at most 2^40 bytes.
+        Ok((self.buffer(loc.handle)?.buffer.clone(), pos, size as usize))
     }
 
     fn max_buffer(&self) -> u64 {

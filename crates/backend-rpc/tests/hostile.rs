@@ -94,3 +94,44 @@ fn server_survives_hostile_clients_under_load() {
         r.rss_after_kib
     );
 }
+
+/// SET_TENSOR and GET_TENSOR move bulk data between the socket and the buffer in 1 MiB
+/// chunks; sizes and offsets that are not chunk multiples come back byte for byte.
+#[test]
+fn bulk_data_streams_in_chunks() {
+    use backend_core::{tensor_alloc, tensor_get, tensor_set};
+    use graph::{Context, ElementType};
+    let server = Server::new(
+        backend_cpu::cpu_device(),
+        Arc::new(backend_cpu::init),
+        ServerConfig::default(),
+    );
+    let h = server.spawn("127.0.0.1:0").unwrap();
+    let rpc = backend_rpc::RpcConfig {
+        connect_timeout: Duration::from_secs(5),
+        io_timeout: Some(Duration::from_secs(30)),
+    };
+    let dev = backend_rpc::connect(&h.endpoint(), &rpc).unwrap().remove(0);
+    let n = (7 << 20) / 2 + 7;
+    let buf = dev.buffer_type().alloc_buffer(n + 64).unwrap();
+    let mut ctx = Context::new();
+    let t = ctx.new_tensor_1d(ElementType::I8, n as i64).unwrap();
+    tensor_alloc(&mut ctx, &buf, t, 64).unwrap();
+    let data: Vec<u8> = (0..n as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    tensor_set(&ctx, t, 0, &data).unwrap();
+    let mut back = vec![0u8; n];
+    tensor_get(&ctx, t, 0, &mut back).unwrap();
+    assert!(back == data);
+    // A window across chunk boundaries, written and read at an odd offset.
+    let (off, len) = ((1 << 20) - 3, (2 << 20) + 5);
+    let patch = vec![0xc3u8; len];
+    tensor_set(&ctx, t, off, &patch).unwrap();
+    let mut win = vec![0u8; len + 2];
+    tensor_get(&ctx, t, off - 1, &mut win).unwrap();
+    assert_eq!(win[0], data[off - 1]);
+    assert!(win[1..=len].iter().all(|&b| b == 0xc3));
+    assert_eq!(win[len + 1], data[off + len]);
+    assert_eq!(server.held_bytes(), (n + 64) as u64);
+}
