@@ -3,9 +3,10 @@
 //! Why: CPU buffers come from the C allocator. glibc raises its mmap threshold each time a
 //! large block is freed, so later buffers of that size are carved from the heap arenas instead,
 //! and freeing them leaves the pages resident. A server whose clients allocate and free
-//! buffers (the RPC server) then keeps the peak of every client it ever had. These two calls
-//! let such a process opt out; a library never calls them on its own. Elsewhere than
-//! glibc (and under Miri) they do nothing and return `false`.
+//! buffers (the RPC server) then keeps the peak of every client it ever had; and each of the
+//! up to 8 arenas per core that its threads spread over, except the main one, keeps its free
+//! top pages, which `malloc_trim` does not return. These calls let such a process opt out; a library never calls
+//! them on its own. Elsewhere than glibc (and under Miri) they do nothing and return `false`.
 
 #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
 mod glibc {
@@ -16,11 +17,18 @@ mod glibc {
     }
     /// `M_MMAP_THRESHOLD` in <malloc.h>.
     const M_MMAP_THRESHOLD: i32 = -3;
+    /// `M_ARENA_MAX` in <malloc.h>.
+    const M_ARENA_MAX: i32 = -8;
 
     pub(crate) fn fixed_mmap_threshold(bytes: i32) -> bool {
         // SAFETY: `mallopt` takes two ints and only changes allocator parameters; any value is
         // accepted or refused with a 0 return.
         unsafe { mallopt(M_MMAP_THRESHOLD, bytes) == 1 }
+    }
+
+    pub(crate) fn arena_max(n: i32) -> bool {
+        // SAFETY: as above.
+        unsafe { mallopt(M_ARENA_MAX, n) == 1 }
     }
 
     pub(crate) fn trim() -> bool {
@@ -50,6 +58,25 @@ pub fn return_large_frees_to_os(bytes: usize) -> bool {
     }
 }
 
+/// Let the threads of this process share at most `n` allocator arenas (`n >= 1`), so that
+/// free memory collects where [`release_free_memory`] can return it. Call it before threads
+/// start. Returns whether the setting was taken.
+///
+/// ```
+/// let _ = backend_cpu::limit_heap_arenas(2);
+/// ```
+pub fn limit_heap_arenas(n: usize) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+    {
+        i32::try_from(n).is_ok_and(|n| n >= 1 && glibc::arena_max(n))
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu", not(miri))))]
+    {
+        let _ = n;
+        false
+    }
+}
+
 /// Hand the free pages of every allocator arena back to the kernel (`malloc_trim(0)`); worth
 /// calling after a large amount of memory was freed, e.g. when a client went away. Returns
 /// whether anything was released.
@@ -75,6 +102,7 @@ mod tests {
         // Out of range: refused without calling the allocator.
         assert!(!super::return_large_frees_to_os(usize::MAX));
         assert!(!super::return_large_frees_to_os(64 << 20));
+        assert!(!super::limit_heap_arenas(0));
         let _ = super::release_free_memory();
     }
 }

@@ -34,6 +34,7 @@ fn parse() -> Result<Args, String> {
         cfg: soak::SoakConfig {
             clients: 32,
             duration: Duration::from_secs(60),
+            warmup: Duration::from_secs(5),
             server_cap_mib: 512,
             idle_timeout_s: 2,
             elements: 256,
@@ -54,6 +55,7 @@ fn parse() -> Result<Args, String> {
         let num = || val.parse::<u64>().map_err(|e| format!("{flag} {val}: {e}"));
         match flag.as_str() {
             "--secs" => a.cfg.duration = Duration::from_secs(num()?),
+            "--warmup-secs" => a.cfg.warmup = Duration::from_secs(num()?),
             "--clients" => a.cfg.clients = num()?.clamp(1, 1024) as usize,
             "--cap-mib" => a.cfg.server_cap_mib = num()?.max(64),
             "--idle-timeout-s" => a.cfg.idle_timeout_s = num()?.max(1),

@@ -75,6 +75,7 @@ fn server_survives_hostile_clients_under_load() {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(8),
         ),
+        warmup: Duration::from_secs(3),
         server_cap_mib: 128,
         idle_timeout_s: 2,
         elements: 256,

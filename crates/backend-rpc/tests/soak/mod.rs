@@ -20,7 +20,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,8 @@ pub struct SoakConfig {
     pub clients: usize,
     /// Length of the load phase.
     pub duration: Duration,
+    /// Length of the warm-up before the baseline is read.
+    pub warmup: Duration,
     /// The server's memory cap (`--max-server-mib`).
     pub server_cap_mib: u64,
     /// The server's idle timeout (`--idle-timeout-s`), which cuts stalled clients.
@@ -119,6 +121,8 @@ pub struct ServerProc {
     pub endpoint: String,
     /// Lines of its log that mention a panic.
     panics: Arc<Mutex<Vec<String>>>,
+    /// Clients connected minus clients gone, from its log.
+    clients: Arc<AtomicI64>,
 }
 
 impl ServerProc {
@@ -136,12 +140,21 @@ impl ServerProc {
         let (tx, rx) = mpsc::channel();
         let panics = Arc::new(Mutex::new(Vec::new()));
         let p2 = panics.clone();
+        let clients = Arc::new(AtomicI64::new(0));
+        let c2 = clients.clone();
         // Drain the log for the whole run (a full pipe would block the server).
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(ep) = line.split("endpoint=").nth(1) {
                     let ep = ep.split_whitespace().next().unwrap_or("").to_owned();
                     let _ = tx.send(ep);
+                }
+                if line.contains("client connected") {
+                    c2.fetch_add(1, Ordering::SeqCst);
+                } else if line.contains("client disconnected")
+                    || line.contains("closing client connection")
+                {
+                    c2.fetch_sub(1, Ordering::SeqCst);
                 }
                 if line.contains("panicked") {
                     p2.lock().unwrap().push(line);
@@ -155,6 +168,7 @@ impl ServerProc {
             child,
             endpoint,
             panics,
+            clients,
         })
     }
 
@@ -509,11 +523,15 @@ fn phase(
     Ok((lat, counts, hog))
 }
 
-/// The server's RSS once it has not changed for 1.5 s (its connection threads are gone and
-/// the binary's trimmer, every 0.5 s, has run), waiting at most 15 s.
+/// The server's RSS once its log says every client is gone and the RSS has not changed for
+/// 1.5 s (the binary's trimmer runs every 0.5 s), waiting at most 10 s for each.
 fn settled_rss(server: &ServerProc) -> u64 {
+    let t0 = Instant::now();
+    while server.clients.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (mut last, mut same) = (server.rss_kib(), 0);
-    for _ in 0..75 {
+    for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(200));
         let now = server.rss_kib();
         same = if now == last { same + 1 } else { 0 };
@@ -536,7 +554,7 @@ pub fn soak(bin: &Path, cfg: &SoakConfig) -> Result<SoakReport, String> {
     let peak = AtomicU64::new(0);
     // Warm-up: every client once and every fault kind once, so that code pages, thread
     // stacks and allocator arenas of a serving server are in the baseline.
-    phase(&server, cfg, Duration::from_secs(1), true, &peak)?;
+    phase(&server, cfg, cfg.warmup, true, &peak)?;
     r.rss_before_kib = settled_rss(&server);
     let t0 = Instant::now();
     let (lat, faults, hog) = phase(&server, cfg, cfg.duration, true, &peak)?;
