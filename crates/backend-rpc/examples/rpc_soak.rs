@@ -21,7 +21,8 @@ use std::time::Duration;
 
 const USAGE: &str = "\
 usage: rpc_soak [--secs 60] [--clients 32] [--cap-mib 512] [--idle-timeout-s 2]
-                [--elements 256] [--server PATH] [--json]";
+                [--elements 256] [--warmup-secs 5] [--server PATH]
+                [--server-arg ARG]... [--json]";
 
 struct Args {
     cfg: soak::SoakConfig,
@@ -38,6 +39,7 @@ fn parse() -> Result<Args, String> {
             server_cap_mib: 512,
             idle_timeout_s: 2,
             elements: 256,
+            extra_args: Vec::new(),
         },
         server: None,
         json: false,
@@ -61,6 +63,7 @@ fn parse() -> Result<Args, String> {
             "--idle-timeout-s" => a.cfg.idle_timeout_s = num()?.max(1),
             "--elements" => a.cfg.elements = num()?.clamp(1, 1 << 20) as usize,
             "--server" => a.server = Some(PathBuf::from(&val)),
+            "--server-arg" => a.cfg.extra_args.push(val),
             _ => return Err(format!("unknown option {flag}")),
         }
     }

@@ -18,7 +18,7 @@
 //! ```text
 //! rpc-server [--host 127.0.0.1] [--port 50052] [--threads N] [--max-clients 16]
 //!            [--max-buffer-mib 16384] [--max-client-mib 65536] [--max-server-mib 65536]
-//!            [--max-set-mib 1024] [--idle-timeout-s 0]
+//!            [--max-set-mib 1024] [--idle-timeout-s 0] [--malloc-arenas 1]
 //! ```
 //!
 //! | flag | [`ServerConfig`] field | limits |
@@ -29,6 +29,7 @@
 //! | `--max-server-mib` | `max_server_memory` | all buffers of all clients (server cap) |
 //! | `--max-set-mib` | `max_set_size` | one SET_TENSOR payload |
 //! | `--idle-timeout-s` | `idle_timeout` | silence (or unread answers) before a client is cut; 0 = never |
+//! | `--malloc-arenas` | (process) | glibc malloc arenas; 1 by default, 0 = glibc's default |
 //!
 //! An allocation past a memory cap is refused with the protocol's failure answer (a null
 //! buffer); our client turns it into [`backend_core::BackendError::AllocationFailed`] and the

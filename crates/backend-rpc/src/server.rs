@@ -359,14 +359,11 @@ impl Server {
             let spawned = std::thread::Builder::new()
                 .name(format!("rpc-client-{id}"))
                 .spawn(move || {
+                    // Gives the slot back however the thread ends (a panic would be our bug,
+                    // but must not leak a slot of `max_clients`).
+                    let _slot = Slot(server.clone(), id);
                     tracing::info!(%peer, "client connected");
                     server.serve_connection(stream, &peer);
-                    server
-                        .conns
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
-                    server.active.fetch_sub(1, Ordering::SeqCst);
                 });
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "cannot spawn a client thread");
@@ -435,6 +432,20 @@ impl Server {
             None => tracing::info!(%peer, "client disconnected"),
             Some(why) => tracing::warn!(%peer, %why, "closing client connection"),
         }
+    }
+}
+
+/// A client's place in [`Server::accept_loop`]'s bookkeeping, given back on drop.
+struct Slot(Arc<Server>, u64);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

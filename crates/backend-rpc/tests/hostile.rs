@@ -79,6 +79,7 @@ fn server_survives_hostile_clients_under_load() {
         server_cap_mib: 128,
         idle_timeout_s: 2,
         elements: 256,
+        extra_args: Vec::new(),
     };
     let r = soak::soak(Path::new(env!("CARGO_BIN_EXE_rpc-server")), &cfg).unwrap();
     // The figures, for whoever reads the test log.

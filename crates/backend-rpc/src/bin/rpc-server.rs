@@ -3,7 +3,7 @@
 //! ```text
 //! rpc-server [--host 127.0.0.1] [--port 50052] [--threads N] [--max-clients 16]
 //!            [--max-buffer-mib 16384] [--max-client-mib 65536] [--max-server-mib 65536]
-//!            [--max-set-mib 1024] [--idle-timeout-s 0]
+//!            [--max-set-mib 1024] [--idle-timeout-s 0] [--malloc-arenas 1]
 //! ```
 //!
 //! * `--max-buffer-mib`: largest single buffer a client may allocate.
@@ -12,6 +12,8 @@
 //! * `--max-set-mib`: largest SET_TENSOR payload (what one message may make the server buffer).
 //! * `--idle-timeout-s`: close a client that sends nothing (or reads nothing) for this long;
 //!   it also cuts a client stalled in the middle of a message (0: never).
+//! * `--malloc-arenas`: glibc malloc arenas the server's threads share (0: glibc's default of
+//!   up to 8 per core, which keeps more freed memory resident).
 //!
 //! An allocation past a memory cap is answered with the protocol's failure reply (a null
 //! buffer): the client gets a typed error and keeps its connection. A message past a size cap
@@ -30,6 +32,7 @@ struct Args {
     host: String,
     port: u16,
     threads: usize,
+    arenas: u64,
     config: ServerConfig,
 }
 
@@ -38,6 +41,7 @@ fn parse() -> Result<Args, String> {
         host: "127.0.0.1".into(),
         port: 50052,
         threads: backend_cpu::default_n_threads(),
+        arenas: 1,
         config: ServerConfig::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -60,6 +64,7 @@ fn parse() -> Result<Args, String> {
             "--max-client-mib" => a.config.max_client_memory = mib(num(&val)?)?,
             "--max-server-mib" => a.config.max_server_memory = mib(num(&val)?)?,
             "--max-set-mib" => a.config.max_set_size = mib(num(&val)?)?,
+            "--malloc-arenas" => a.arenas = num(&val)?,
             "--idle-timeout-s" => {
                 let s = num(&val)?;
                 a.config.idle_timeout = (s > 0).then(|| Duration::from_secs(s));
@@ -85,7 +90,7 @@ fn main() -> ExitCode {
             tracing::info!(
                 "usage: rpc-server [--host H] [--port P] [--threads T] [--max-clients N] \
                  [--max-buffer-mib M] [--max-client-mib M] [--max-server-mib M] \
-                 [--max-set-mib M] [--idle-timeout-s S]"
+                 [--max-set-mib M] [--idle-timeout-s S] [--malloc-arenas N]"
             );
             return ExitCode::from(2);
         }
@@ -123,7 +128,9 @@ fn main() -> ExitCode {
     // hold now rather than the peak of every past client (`cargo xtask rpc-soak` checks it;
     // with two arenas it came back within 3-8%, with one within 1%).
     let _ = backend_cpu::return_large_frees_to_os(1 << 20);
-    let _ = backend_cpu::limit_heap_arenas(1);
+    if args.arenas > 0 {
+        let _ = backend_cpu::limit_heap_arenas(args.arenas as usize);
+    }
     let server = Server::new(device, factory, args.config);
     let watched = server.clone();
     let trimmer = std::thread::Builder::new()

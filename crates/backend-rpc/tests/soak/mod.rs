@@ -44,6 +44,8 @@ pub struct SoakConfig {
     pub idle_timeout_s: u64,
     /// Elements of each vector of the one-node graph.
     pub elements: usize,
+    /// More `rpc-server` flags.
+    pub extra_args: Vec<String>,
 }
 
 /// What was measured.
@@ -226,7 +228,9 @@ pub fn server_args(cfg: &SoakConfig) -> Vec<String> {
         &cfg.idle_timeout_s.to_string(),
     ]
     .map(str::to_owned)
-    .to_vec()
+    .into_iter()
+    .chain(cfg.extra_args.iter().cloned())
+    .collect()
 }
 
 fn rpc_config() -> RpcConfig {
