@@ -53,6 +53,19 @@ fn parse() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             return Err(String::new());
         }
+        const VALUED: [&str; 8] = [
+            "--secs",
+            "--warmup-secs",
+            "--clients",
+            "--cap-mib",
+            "--idle-timeout-s",
+            "--elements",
+            "--server",
+            "--server-arg",
+        ];
+        if !VALUED.contains(&flag.as_str()) {
+            return Err(format!("unknown option {flag}"));
+        }
         let val = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let num = || val.parse::<u64>().map_err(|e| format!("{flag} {val}: {e}"));
         match flag.as_str() {

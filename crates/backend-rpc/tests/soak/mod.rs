@@ -471,14 +471,14 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 /// Run load clients for `secs` (with faults on one more thread when `faults`); returns the
-/// sorted latencies, the fault counts and the last hog size.
+/// sorted latencies, the seconds the load ran, the fault counts and the last hog size.
 fn phase(
     server: &ServerProc,
     cfg: &SoakConfig,
     secs: Duration,
     faults: bool,
     peak: &AtomicU64,
-) -> Result<(Vec<Duration>, [u64; 4], u64), String> {
+) -> Result<(Vec<Duration>, f64, [u64; 4], u64), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let ep = server.endpoint.clone();
     let loads: Vec<_> = (0..cfg.clients)
@@ -519,12 +519,20 @@ fn phase(
     for t in loads {
         lat.extend(t.join().map_err(|_| "a load client panicked")??);
     }
+    let load_secs = t0.elapsed().as_secs_f64();
     let (counts, hog) = match fault_thread {
-        Some(t) => t.join().map_err(|_| "the fault thread panicked")??,
+        Some(t) => {
+            // The fault round in progress finishes (a stall lasts the idle timeout).
+            while !t.is_finished() {
+                std::thread::sleep(Duration::from_millis(100));
+                peak.fetch_max(server.rss_kib(), Ordering::Relaxed);
+            }
+            t.join().map_err(|_| "the fault thread panicked")??
+        }
         None => ([0; 4], 0),
     };
     lat.sort_unstable();
-    Ok((lat, counts, hog))
+    Ok((lat, load_secs, counts, hog))
 }
 
 /// The server's RSS once its log says every client is gone and the RSS has not changed for
@@ -560,9 +568,8 @@ pub fn soak(bin: &Path, cfg: &SoakConfig) -> Result<SoakReport, String> {
     // stacks and allocator arenas of a serving server are in the baseline.
     phase(&server, cfg, cfg.warmup, true, &peak)?;
     r.rss_before_kib = settled_rss(&server);
-    let t0 = Instant::now();
-    let (lat, faults, hog) = phase(&server, cfg, cfg.duration, true, &peak)?;
-    r.secs = t0.elapsed().as_secs_f64();
+    let (lat, secs, faults, hog) = phase(&server, cfg, cfg.duration, true, &peak)?;
+    r.secs = secs;
     r.rss_after_kib = settled_rss(&server);
     r.rss_peak_kib = peak.load(Ordering::Relaxed);
     server.healthy()?;
