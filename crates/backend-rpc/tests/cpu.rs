@@ -251,3 +251,44 @@ fn stale_source_is_unsupported_op_not_a_panic() {
         }
     }
 }
+
+/// A stale id deeper in the graph (a source of a source that is not itself a node) is a typed
+/// error of the RPC backend, not a panic of the serializer; the connection stays usable.
+#[test]
+fn stale_id_below_a_node_is_a_typed_error() {
+    use graph::GraphView;
+    let h = cpu_server(ServerConfig::default())
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let dev = connect(&h.endpoint(), &cfg()).unwrap().remove(0);
+    let rpc = dev.init_backend("").unwrap();
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let b = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let sum = ctx.add(a, b).unwrap();
+    let sq = ctx.sqr(sum).unwrap();
+    let buf = dev.buffer_type().alloc_buffer(4 * 64).unwrap();
+    for (i, id) in [a, b, sum, sq].into_iter().enumerate() {
+        tensor_alloc(&mut ctx, &buf, id, i * 64).unwrap();
+    }
+    let cp = ctx.checkpoint();
+    let later = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    ctx.set_src(sum, 1, Some(later)).unwrap();
+    ctx.rewind(cp);
+    // `sq` itself can be sent (its source `sum` is live); only `sum`'s source is stale.
+    let nodes = [sq];
+    assert!(dev.supports_op(&ctx, sq));
+    let err = rpc
+        .graph_compute(&ctx, GraphView::new(&nodes, &[]))
+        .expect_err("a stale id cannot be sent");
+    assert!(err.to_string().contains("stale"), "{err}");
+    ctx.set_src(sum, 1, Some(b)).unwrap();
+    tensor_set(&ctx, a, 0, &values(4, 3)).unwrap();
+    tensor_set(&ctx, b, 0, &values(4, 4)).unwrap();
+    rpc.graph_compute(&ctx, GraphView::new(&[sum, sq], &[]))
+        .unwrap();
+    rpc.synchronize().unwrap();
+    let mut out = vec![0u8; 16];
+    tensor_get(&ctx, sq, 0, &mut out).unwrap();
+    assert!(out.iter().any(|&x| x != 0));
+}
