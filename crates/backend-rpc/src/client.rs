@@ -490,6 +490,21 @@ fn compute_check(ctx: &Context, t: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether node `t` of `ctx` can be sent and computed: its op and layout travel, ggml's CPU
+/// backend would not assert on it, and every source and its view source are live tensors of
+/// `ctx` that travel too. What `supports_op` answers, and what `graph_compute` checks of every
+/// node before serializing (a stale source is an unsupported node, as on the CPU backend).
+fn sendable_node(ctx: &Context, t: &Tensor) -> bool {
+    if wire_check(t, None).is_err() || compute_check(ctx, t).is_err() {
+        return false;
+    }
+    t.srcs()
+        .iter()
+        .flatten()
+        .chain(t.view_src().iter())
+        .all(|&s| ctx.get(s).is_ok_and(|st| wire_check(st, Some(s)).is_ok()))
+}
+
 /// The wire form of `t` with data in `buf` (remote handle, remote base) at the tensor's offset.
 fn to_wire(
     t: &Tensor,
@@ -512,7 +527,12 @@ fn to_wire(
     }
     if let (Some((handle, base)), Some(st)) = (remote, t.storage()) {
         w.buffer = handle;
-        w.data = base + st.offset as u64;
+        w.data = base
+            .checked_add(st.offset as u64)
+            .ok_or_else(|| RpcError::Unsendable {
+                tensor: id,
+                why: "remote address overflows".into(),
+            })?;
     }
     w.set_name(t.name());
     Ok(w)
@@ -558,15 +578,7 @@ impl DeviceImpl for RpcDeviceImpl {
         self.buft.clone()
     }
     fn supports_op(&self, ctx: &Context, op: TensorId) -> bool {
-        let Ok(t) = ctx.get(op) else { return false };
-        if wire_check(t, Some(op)).is_err() || compute_check(ctx, t).is_err() {
-            return false;
-        }
-        t.srcs()
-            .iter()
-            .flatten()
-            .chain(t.view_src().iter())
-            .all(|&s| ctx.get(s).is_ok_and(|st| wire_check(st, Some(s)).is_ok()))
+        ctx.get(op).is_ok_and(|t| sendable_node(ctx, t))
     }
     fn supports_buft(&self, buft: &BufferType) -> bool {
         *buft == self.buft
@@ -821,12 +833,13 @@ pub(crate) fn serialize_graph(
         })?;
         for s in t.srcs().iter().flatten() {
             if s.index() < n {
-                use_count[s.index()] += 1;
+                use_count[s.index()] = use_count[s.index()].saturating_add(1);
             }
         }
     }
     let mut is_node = vec![false; n];
     for &node in graph.nodes {
+        // In range: every node passed `ctx.get` in the loop above.
         is_node[node.index()] = true;
     }
     let mut seen = vec![false; n];
@@ -840,13 +853,15 @@ pub(crate) fn serialize_graph(
     for &root in graph.nodes {
         stack.push((root, false));
         while let Some((id, expanded)) = stack.pop() {
-            if seen[id.index()] {
-                continue;
-            }
+            // Look the id up before indexing the side tables by it: a source or view source
+            // may be stale (its index past the end after a rewind).
             let t = ctx.get(id).map_err(|e| RpcError::Unsendable {
                 tensor: Some(id),
                 why: e.to_string(),
             })?;
+            if seen[id.index()] {
+                continue;
+            }
             if !expanded {
                 stack.push((id, true));
                 if let Some(v) = t.view_src() {
@@ -906,21 +921,20 @@ impl BackendImpl for RpcBackend {
         if graph.nodes.is_empty() {
             return Ok(ComputeStatus::Success);
         }
-        let msg = serialize_graph(&self.conn, self.index, ctx, graph).map_err(|e| match e {
-            RpcError::Unsendable {
-                tensor: Some(t), ..
-            } if ctx
-                .get(t)
-                .is_ok_and(|x| op_to_wire(x.op()).is_none() || compute_check(ctx, x).is_err()) =>
-            {
-                BackendError::UnsupportedOp {
+        // As the CPU backend: a stale node id is a graph error, a node that cannot run here
+        // (op, layout, or a stale source) is `UnsupportedOp`, both before anything is sent.
+        for &id in graph.nodes {
+            let t = ctx.get(id)?;
+            if !sendable_node(ctx, t) {
+                return Err(BackendError::UnsupportedOp {
                     backend: self.name.clone(),
-                    op: ctx[t].op().name(),
-                    tensor: t,
-                }
+                    op: t.op().name(),
+                    tensor: id,
+                });
             }
-            e => e.to_backend(&self.name),
-        })?;
+        }
+        let msg = serialize_graph(&self.conn, self.index, ctx, graph)
+            .map_err(|e| e.to_backend(&self.name))?;
         let bytes = msg.encode();
         self.conn
             .send(Command::GraphCompute, &[&bytes])

@@ -13,6 +13,32 @@
 //!   buffers and backends send every request through one connection per endpoint.
 //! * server: [`Server`] and [`Session`] (the per-connection state machine, socket-free).
 //!
+//! # The `rpc-server` binary
+//!
+//! ```text
+//! rpc-server [--host 127.0.0.1] [--port 50052] [--threads N] [--max-clients 16]
+//!            [--max-buffer-mib 16384] [--max-client-mib 65536] [--max-server-mib 65536]
+//!            [--max-set-mib 1024] [--idle-timeout-s 0] [--malloc-arenas 1]
+//! ```
+//!
+//! | flag | [`ServerConfig`] field | limits |
+//! |---|---|---|
+//! | `--max-clients` | `max_clients` | clients served at once; more are refused at accept |
+//! | `--max-buffer-mib` | `max_buffer_size` | one buffer |
+//! | `--max-client-mib` | `max_client_memory` | all buffers of one client (per-client cap) |
+//! | `--max-server-mib` | `max_server_memory` | all buffers of all clients (server cap) |
+//! | `--max-set-mib` | `max_set_size` | one SET_TENSOR payload |
+//! | `--idle-timeout-s` | `idle_timeout` | silence (or unread answers) before a client is cut; 0 = never |
+//! | `--malloc-arenas` | (process) | glibc malloc arenas; 1 by default, 0 = glibc's default |
+//!
+//! An allocation past a memory cap is refused with the protocol's failure answer (a null
+//! buffer); our client turns it into [`backend_core::BackendError::AllocationFailed`] and the
+//! connection stays usable. A message past a size limit closes that client's connection only.
+//! Every connection has its own thread, so a stalled client holds one slot of `--max-clients`
+//! (until the idle timeout, when one is set) and never blocks the others; when a client goes,
+//! everything it held is freed and its bytes go back to the server's account, and the binary
+//! hands freed pages back to the OS. `cargo xtask rpc-soak` measures all of this under load.
+//!
 //! ```no_run
 //! use backend_rpc::{add_server, RpcConfig};
 //! let devices = add_server("127.0.0.1:50052", &RpcConfig::default())?;

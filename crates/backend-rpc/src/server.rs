@@ -13,7 +13,11 @@
 //! * a graph is rebuilt with the shape-checked constructors of [`graph::Context`], and each node
 //!   must come out with exactly the type, extents, strides and sources that were sent, so the
 //!   kernels only ever see graphs our own API could have built;
-//! * allocations are bounded per buffer and per client; node and tensor counts are bounded.
+//! * allocations are bounded per buffer, per client and for the whole server (one byte account
+//!   shared by all sessions, given back when a buffer is freed or its session ends); node and
+//!   tensor counts are bounded;
+//! * SET_TENSOR and GET_TENSOR data moves between the socket and the buffer in 1 MiB chunks,
+//!   so besides its buffers a client can make the server hold at most one graph message.
 //!
 //! A bad message closes that connection with a log line; the other clients and the server go
 //! on. Each connection has its own buffers (freed when it goes away) and its own backend, so
@@ -33,8 +37,8 @@ use graph::{Context, ElementType, GraphError, GraphView, Op, RopeParams, TensorF
 
 use crate::mapping::{op_from_wire, type_from_wire};
 use crate::wire::{
-    CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, Reader,
-    RpcTensor, SET_TENSOR_FIXED, WireError,
+    CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, RPC_TENSOR_SIZE,
+    Reader, RpcTensor, SET_TENSOR_FIXED, WireError,
 };
 
 /// Limits and settings of a server.
@@ -43,6 +47,7 @@ use crate::wire::{
 /// use backend_rpc::ServerConfig;
 /// let cfg = ServerConfig { max_clients: 4, ..ServerConfig::default() };
 /// assert!(cfg.max_buffer_size <= cfg.max_client_memory);
+/// assert!(cfg.max_client_memory <= cfg.max_server_memory);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
@@ -50,6 +55,11 @@ pub struct ServerConfig {
     pub max_buffer_size: u64,
     /// Most bytes one client may hold in buffers at once.
     pub max_client_memory: u64,
+    /// Most bytes all clients together may hold in buffers at once. An allocation past it
+    /// (or past [`ServerConfig::max_client_memory`]) gets the protocol's failure answer (a
+    /// null buffer), which our client reports as [`backend_core::BackendError::AllocationFailed`];
+    /// the connection stays open.
+    pub max_server_memory: u64,
     /// Largest SET_TENSOR data payload.
     pub max_set_size: u64,
     /// Most nodes in one graph.
@@ -67,6 +77,7 @@ impl Default for ServerConfig {
         ServerConfig {
             max_buffer_size: 16 << 30,
             max_client_memory: 64 << 30,
+            max_server_memory: 64 << 30,
             max_set_size: 1 << 30,
             max_graph_nodes: 1 << 16,
             max_graph_tensors: 1 << 18,
@@ -145,6 +156,10 @@ pub struct Server {
     active: AtomicUsize,
     next_conn: AtomicU64,
     conns: StdMutex<HashMap<u64, TcpStream>>,
+    /// Bytes held in buffers by all sessions (the [`ServerConfig::max_server_memory`] account).
+    held: AtomicU64,
+    /// Sessions dropped so far.
+    ended: AtomicU64,
 }
 
 impl std::fmt::Debug for Server {
@@ -221,12 +236,53 @@ impl Server {
             active: AtomicUsize::new(0),
             next_conn: AtomicU64::new(1),
             conns: StdMutex::new(HashMap::new()),
+            held: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
         })
     }
 
     /// The limits.
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+
+    /// Bytes all sessions hold in buffers now (returns to 0 when every client is gone).
+    ///
+    /// ```
+    /// # use backend_rpc::{Server, ServerConfig};
+    /// let dev = backend_cpu::cpu_device();
+    /// let server = Server::new(dev, std::sync::Arc::new(backend_cpu::init), ServerConfig::default());
+    /// assert_eq!(server.held_bytes(), 0);
+    /// ```
+    pub fn held_bytes(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Sessions that have ended (clients gone, each with all it held freed). A process can
+    /// watch it to hand freed memory back to the OS, as the `rpc-server` binary does.
+    pub fn sessions_ended(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Take `size` bytes from the server-wide account; `false` (nothing taken) past the cap.
+    fn reserve(&self, size: u64) -> bool {
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                h.checked_add(size)
+                    .filter(|&t| t <= self.config.max_server_memory)
+            })
+            .is_ok()
+    }
+
+    /// Give back `size` bytes taken by [`Server::reserve`].
+    fn release(&self, size: u64) {
+        // Saturating: a release never exceeds what its session reserved, so this only guards
+        // against our own accounting bug turning into a wrap-around.
+        let _ = self
+            .held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                Some(h.saturating_sub(size))
+            });
     }
 
     /// A fresh per-connection state machine (what each accepted client gets).
@@ -303,14 +359,11 @@ impl Server {
             let spawned = std::thread::Builder::new()
                 .name(format!("rpc-client-{id}"))
                 .spawn(move || {
+                    // Gives the slot back however the thread ends (a panic would be our bug,
+                    // but must not leak a slot of `max_clients`).
+                    let _slot = Slot(server.clone(), id);
                     tracing::info!(%peer, "client connected");
                     server.serve_connection(stream, &peer);
-                    server
-                        .conns
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
-                    server.active.fetch_sub(1, Ordering::SeqCst);
                 });
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "cannot spawn a client thread");
@@ -322,6 +375,8 @@ impl Server {
     fn serve_connection(self: &Arc<Self>, mut stream: TcpStream, peer: &str) {
         let _ = stream.set_nodelay(true);
         let _ = stream.set_read_timeout(self.config.idle_timeout);
+        // A client that stops reading its answers is cut after the same time.
+        let _ = stream.set_write_timeout(self.config.idle_timeout);
         let mut session = self.session();
         let why = loop {
             let mut head = [0u8; 9];
@@ -334,8 +389,25 @@ impl Server {
                 break Some(format!("read: {e}"));
             }
             let size = u64::from_le_bytes(head[1..9].try_into().unwrap_or_default());
-            if let Err(e) = session.check_header(head[0], size) {
-                break Some(e.to_string());
+            let cmd = match session.check_header(head[0], size) {
+                Ok(c) => c,
+                Err(e) => break Some(e.to_string()),
+            };
+            // Bulk data goes between the socket and the buffer in chunks, so what a client
+            // makes the server hold besides its buffers stays small whatever it sends or asks.
+            let streamed = match cmd {
+                Command::SetTensor if size >= SET_TENSOR_FIXED as u64 => Some(stream_set(
+                    &session,
+                    &mut stream,
+                    size - SET_TENSOR_FIXED as u64,
+                )),
+                Command::GetTensor => Some(stream_get(&session, &mut stream)),
+                _ => None,
+            };
+            match streamed {
+                Some(Ok(())) => continue,
+                Some(Err(why)) => break Some(why),
+                None => {}
             }
             let mut payload = Vec::new();
             match (&mut stream).take(size).read_to_end(&mut payload) {
@@ -361,6 +433,68 @@ impl Server {
             Some(why) => tracing::warn!(%peer, %why, "closing client connection"),
         }
     }
+}
+
+/// A client's place in [`Server::accept_loop`]'s bookkeeping, given back on drop.
+struct Slot(Arc<Server>, u64);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Bytes moved per step between a socket and a buffer (SET_TENSOR, GET_TENSOR).
+const STREAM_CHUNK: usize = 1 << 20;
+
+/// SET_TENSOR from the socket: the fixed part, checked, then `len` data bytes straight into
+/// the buffer, chunk by chunk.
+fn stream_set(session: &Session, stream: &mut TcpStream, len: u64) -> Result<(), String> {
+    let mut fixed = [0u8; SET_TENSOR_FIXED];
+    read_message(stream, &mut fixed)?;
+    let (buf, pos) = session.set_target(&fixed, len).map_err(|e| e.to_string())?;
+    // `len` fits the buffer (checked by `set_target`), so it fits usize and `pos + done` does.
+    let len = len as usize;
+    let mut staging = vec![0u8; len.min(STREAM_CHUNK)];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(STREAM_CHUNK);
+        read_message(stream, &mut staging[..n])?;
+        write_bytes(&buf, pos + done, &staging[..n]).map_err(|e| e.to_string())?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// GET_TENSOR to the socket: the answer goes out chunk by chunk from the buffer.
+fn stream_get(session: &Session, stream: &mut TcpStream) -> Result<(), String> {
+    let mut req = [0u8; RPC_TENSOR_SIZE + 16];
+    read_message(stream, &mut req)?;
+    let (buf, pos, len) = session.get_source(&req).map_err(|e| e.to_string())?;
+    let write = |s: &mut TcpStream, b: &[u8]| s.write_all(b).map_err(|e| format!("write: {e}"));
+    write(stream, &(len as u64).to_le_bytes())?;
+    let mut staging = vec![0u8; len.min(STREAM_CHUNK)];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(STREAM_CHUNK);
+        read_bytes(&buf, pos + done, &mut staging[..n]).map_err(|e| e.to_string())?;
+        write(stream, &staging[..n])?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Fill `out` from the rest of a message.
+fn read_message(stream: &mut TcpStream, out: &mut [u8]) -> Result<(), String> {
+    stream.read_exact(out).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => "connection closed inside a message".to_owned(),
+        _ => format!("read: {e}"),
+    })
 }
 
 /// One remote buffer of a session.
@@ -421,6 +555,8 @@ fn wire_nbytes(ty: ElementType, ne: [u32; 4], nb: [u32; 4]) -> Option<u64> {
         return Some(0);
     }
     let blck = ty.block_size() as u64;
+    // `ne` has no zero (above), so `ne[d] - 1` below cannot underflow; `blck` is not zero for
+    // any type `type_from_wire` returns.
     let mut bytes = if blck == 1 {
         ty.type_size() as u64
     } else {
@@ -432,6 +568,14 @@ fn wire_nbytes(ty: ElementType, ne: [u32; 4], nb: [u32; 4]) -> Option<u64> {
         bytes = bytes.checked_add(term)?;
     }
     Some(bytes)
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The buffers themselves go with `self.buffers`; give their bytes back to the server.
+        self.server.release(self.allocated);
+        self.server.ended.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Session {
@@ -455,7 +599,9 @@ impl Session {
             Some(_) => Ok(c),
             None => {
                 let max = match c {
-                    Command::SetTensor => SET_TENSOR_FIXED as u64 + cfg.max_set_size,
+                    Command::SetTensor => {
+                        (SET_TENSOR_FIXED as u64).saturating_add(cfg.max_set_size)
+                    }
                     _ => GraphMessage::encoded_size(
                         cfg.max_graph_nodes as usize,
                         cfg.max_graph_tensors as usize,
@@ -522,7 +668,9 @@ impl Session {
                     .buffers
                     .remove(&h)
                     .ok_or(ServerError::UnknownBuffer(h))?;
+                // Cannot underflow: `allocated` is the sum of the sizes in `buffers`.
                 self.allocated -= b.size;
+                self.server.release(b.size);
                 // ggml drops its stored graph on any free; so do we (it may point into b).
                 self.stored = None;
                 None
@@ -534,13 +682,9 @@ impl Session {
                 None
             }
             Command::SetTensor => {
-                let t = RpcTensor::read(&mut r)?;
-                let _cache = r.u8()?;
-                let offset = r.u64()?;
-                let data = r.bytes(r.remaining())?;
-                let loc = self.locate(&t)?;
-                let pos = self.range_in_buffer(&loc, offset, data.len() as u64, "SET_TENSOR")?;
-                write_bytes(&self.buffer(loc.handle)?.buffer, pos, data)?;
+                let (fixed, data) = payload.split_at(payload.len().min(SET_TENSOR_FIXED));
+                let (buf, pos) = self.set_target(fixed, data.len() as u64)?;
+                write_bytes(&buf, pos, data)?;
                 None
             }
             Command::SetTensorHash => {
@@ -552,13 +696,9 @@ impl Session {
                 Some(vec![0])
             }
             Command::GetTensor => {
-                let t = RpcTensor::read(&mut r)?;
-                let offset = r.u64()?;
-                let size = r.u64()?;
-                let loc = self.locate(&t)?;
-                let pos = self.range_in_buffer(&loc, offset, size, "GET_TENSOR")?;
-                let mut out = vec![0u8; size as usize];
-                read_bytes(&self.buffer(loc.handle)?.buffer, pos, &mut out)?;
+                let (buf, pos, len) = self.get_source(payload)?;
+                let mut out = vec![0u8; len];
+                read_bytes(&buf, pos, &mut out)?;
                 Some(out)
             }
             Command::MemsetTensor => {
@@ -647,6 +787,31 @@ impl Session {
         Ok(out)
     }
 
+    /// Where SET_TENSOR's `len` data bytes go, from its fixed part (tensor, cache flag,
+    /// offset): the buffer and the position in it, range checked.
+    fn set_target(&self, fixed: &[u8], len: u64) -> Result<(Buffer, usize), ServerError> {
+        let mut r = Reader::new(fixed, "SET_TENSOR");
+        let t = RpcTensor::read(&mut r)?;
+        let _cache = r.u8()?;
+        let offset = r.u64()?;
+        let loc = self.locate(&t)?;
+        let pos = self.range_in_buffer(&loc, offset, len, "SET_TENSOR")?;
+        Ok((self.buffer(loc.handle)?.buffer.clone(), pos))
+    }
+
+    /// What GET_TENSOR reads: the buffer, the position in it and the length, range checked
+    /// (so the length is at most the buffer's size).
+    fn get_source(&self, payload: &[u8]) -> Result<(Buffer, usize, usize), ServerError> {
+        let mut r = Reader::new(payload, "GET_TENSOR");
+        let t = RpcTensor::read(&mut r)?;
+        let offset = r.u64()?;
+        let size = r.u64()?;
+        let loc = self.locate(&t)?;
+        let pos = self.range_in_buffer(&loc, offset, size, "GET_TENSOR")?;
+        // `size` lies inside a buffer of at most 2^40 bytes.
+        Ok((self.buffer(loc.handle)?.buffer.clone(), pos, size as usize))
+    }
+
     fn max_buffer(&self) -> u64 {
         self.server
             .config
@@ -676,16 +841,29 @@ impl Session {
                 .is_none_or(|t| t > cfg.max_client_memory)
             || self.next_handle > MAX_HANDLE
         {
-            tracing::warn!(size, "refusing allocation over the limits");
+            tracing::warn!(size, "refusing allocation over the client's limits");
             return (0, 0);
         }
+        if !self.server.reserve(size) {
+            tracing::warn!(
+                size,
+                held = self.server.held_bytes(),
+                cap = cfg.max_server_memory,
+                "refusing allocation over the server's memory cap"
+            );
+            return (0, 0);
+        }
+        // `size` <= max_buffer() < 2^40 fits usize on the 64-bit targets we build for.
         let buffer = match self.server.device.buffer_type().alloc_buffer(size as usize) {
             Ok(b) => b,
             Err(e) => {
+                self.server.release(size);
                 tracing::warn!(size, error = %e, "allocation failed");
                 return (0, 0);
             }
         };
+        // No overflow: `next_handle <= MAX_HANDLE` and `allocated + size <= max_client_memory`
+        // were checked above.
         let h = self.next_handle;
         self.next_handle += 1;
         self.allocated += size;
@@ -846,6 +1024,7 @@ impl Session {
             Op::Cpy => ctx.cpy(need(0)?, need(1)?).map_err(ge)?,
             Op::Cont => {
                 let a = need(0)?;
+                // `a` came from `ids`, which holds only tensors made in this `ctx`.
                 if ctx[a].ne() == ne {
                     ctx.cont(a).map_err(ge)?
                 } else {
@@ -897,6 +1076,7 @@ impl Session {
             Op::Unary(u) => ctx.unary(need(0)?, u).map_err(ge)?,
             other => return Err(bad_tensor(w.id, format!("op {other} is not supported"))),
         };
+        // `id` was just made in `ctx` by one of the constructors above.
         let t = &ctx[id];
         let nb = w.nb.map(|v| v as usize);
         if t.ty() != ty || t.ne() != ne || t.nb() != nb {
@@ -929,9 +1109,9 @@ impl Session {
     fn compute(&mut self, g: &StoredGraph) -> Result<(), ServerError> {
         for &n in &g.nodes {
             if !self.server.device.supports_op(&g.ctx, n) {
+                let op = g.ctx.get(n).map_or("?", |t| t.op().name());
                 return Err(ServerError::BadGraph(format!(
-                    "the device cannot compute {} of node {n:?}",
-                    g.ctx[n].op()
+                    "the device cannot compute {op} of node {n:?}"
                 )));
             }
         }

@@ -232,6 +232,7 @@ impl<'a> Reader<'a> {
                 have: self.buf.len(),
             });
         }
+        // In range: `pos <= buf.len()` always holds and `n <= buf.len() - pos` was checked.
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
         Ok(s)
@@ -471,14 +472,20 @@ pub struct GraphMessage {
 
 impl GraphMessage {
     /// Payload size for `n_nodes` nodes and `n_tensors` tensors.
+    /// Saturates instead of overflowing (no payload can be that large anyway).
     pub fn encoded_size(n_nodes: usize, n_tensors: usize) -> usize {
-        12 + 8 * n_nodes + RPC_TENSOR_SIZE * n_tensors
+        n_nodes
+            .saturating_mul(8)
+            .saturating_add(n_tensors.saturating_mul(RPC_TENSOR_SIZE))
+            .saturating_add(12)
     }
 
     /// The payload bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(Self::encoded_size(self.nodes.len(), self.tensors.len()));
         out.extend_from_slice(&self.device.to_le_bytes());
+        // The counts are u32 on the wire; a graph of 2^32 nodes or tensors cannot be built in
+        // memory (each tensor is hundreds of bytes), so the casts below do not truncate.
         out.extend_from_slice(&(self.nodes.len() as u32).to_le_bytes());
         for n in &self.nodes {
             out.extend_from_slice(&n.to_le_bytes());
@@ -504,10 +511,11 @@ impl GraphMessage {
                 limit: max_nodes.into(),
             });
         }
-        if r.remaining() < 8 * n_nodes as usize + 4 {
+        // In u64: a u32 count times 8 cannot overflow it, whatever usize is.
+        if (r.remaining() as u64) < 8 * u64::from(n_nodes) + 4 {
             return Err(WireError::Truncated {
                 what: "graph node list",
-                need: 12 + 8 * n_nodes as usize,
+                need: Self::encoded_size(n_nodes as usize, 0),
                 have: bytes.len(),
             });
         }

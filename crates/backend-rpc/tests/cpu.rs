@@ -191,3 +191,104 @@ fn server_killed_mid_graph_is_a_prompt_error() {
     );
     assert_eq!(r.len(), 16 * 32 * 4);
 }
+
+/// A node whose source id went stale (its context was rewound past the source) is
+/// `UnsupportedOp` on the RPC backend, as on the CPU backend, and not a panic in the graph
+/// serializer; nothing is sent, and the backend computes the next graph normally.
+#[test]
+fn stale_source_is_unsupported_op_not_a_panic() {
+    use backend_core::BackendError;
+    use graph::GraphView;
+    let h = cpu_server(ServerConfig::default())
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let dev = connect(&h.endpoint(), &cfg()).unwrap().remove(0);
+    let rpc = dev.init_backend("").unwrap();
+    let cpu = backend_cpu::init().unwrap();
+    for (backend, buft) in [
+        (&rpc, dev.buffer_type()),
+        (&cpu, backend_cpu::cpu_buffer_type()),
+    ] {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+        let b = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+        let sum = ctx.add(a, b).unwrap();
+        let buf = buft.alloc_buffer(3 * 64).unwrap();
+        for (i, id) in [a, b, sum].into_iter().enumerate() {
+            tensor_alloc(&mut ctx, &buf, id, i * 64).unwrap();
+        }
+        // Point `sum` at a tensor made after a checkpoint, then rewind past it: the source id
+        // is stale and its index lies past the end of the context.
+        let cp = ctx.checkpoint();
+        let later = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+        ctx.set_src(sum, 1, Some(later)).unwrap();
+        ctx.rewind(cp);
+        assert!(ctx.get(later).is_err());
+        assert!(!backend.device().supports_op(&ctx, sum));
+        let nodes = [sum];
+        let err = backend
+            .graph_compute(&ctx, GraphView::new(&nodes, &[]))
+            .expect_err("a stale source cannot be computed");
+        assert!(
+            matches!(err, BackendError::UnsupportedOp { tensor, .. } if tensor == sum),
+            "{}: {err:?}",
+            backend.name()
+        );
+        // The backend (and for RPC its connection) is still usable.
+        ctx.set_src(sum, 1, Some(b)).unwrap();
+        tensor_set(&ctx, a, 0, &values(4, 1)).unwrap();
+        tensor_set(&ctx, b, 0, &values(4, 2)).unwrap();
+        backend
+            .graph_compute(&ctx, GraphView::new(&nodes, &[]))
+            .unwrap();
+        backend.synchronize().unwrap();
+        let mut out = vec![0u8; 16];
+        tensor_get(&ctx, sum, 0, &mut out).unwrap();
+        let f = |v: &[u8], i: usize| f32::from_le_bytes(v[4 * i..4 * i + 4].try_into().unwrap());
+        let (va, vb) = (values(4, 1), values(4, 2));
+        for i in 0..4 {
+            assert_eq!(f(&out, i), f(&va, i) + f(&vb, i));
+        }
+    }
+}
+
+/// A stale id deeper in the graph (a source of a source that is not itself a node) is a typed
+/// error of the RPC backend, not a panic of the serializer; the connection stays usable.
+#[test]
+fn stale_id_below_a_node_is_a_typed_error() {
+    use graph::GraphView;
+    let h = cpu_server(ServerConfig::default())
+        .spawn("127.0.0.1:0")
+        .unwrap();
+    let dev = connect(&h.endpoint(), &cfg()).unwrap().remove(0);
+    let rpc = dev.init_backend("").unwrap();
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let b = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let sum = ctx.add(a, b).unwrap();
+    let sq = ctx.sqr(sum).unwrap();
+    let buf = dev.buffer_type().alloc_buffer(4 * 64).unwrap();
+    for (i, id) in [a, b, sum, sq].into_iter().enumerate() {
+        tensor_alloc(&mut ctx, &buf, id, i * 64).unwrap();
+    }
+    let cp = ctx.checkpoint();
+    let later = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    ctx.set_src(sum, 1, Some(later)).unwrap();
+    ctx.rewind(cp);
+    // `sq` itself can be sent (its source `sum` is live); only `sum`'s source is stale.
+    let nodes = [sq];
+    assert!(dev.supports_op(&ctx, sq));
+    let err = rpc
+        .graph_compute(&ctx, GraphView::new(&nodes, &[]))
+        .expect_err("a stale id cannot be sent");
+    assert!(err.to_string().contains("stale"), "{err}");
+    ctx.set_src(sum, 1, Some(b)).unwrap();
+    tensor_set(&ctx, a, 0, &values(4, 3)).unwrap();
+    tensor_set(&ctx, b, 0, &values(4, 4)).unwrap();
+    rpc.graph_compute(&ctx, GraphView::new(&[sum, sq], &[]))
+        .unwrap();
+    rpc.synchronize().unwrap();
+    let mut out = vec![0u8; 16];
+    tensor_get(&ctx, sq, 0, &mut out).unwrap();
+    assert!(out.iter().any(|&x| x != 0));
+}

@@ -24,6 +24,7 @@ fn config() -> ServerConfig {
     ServerConfig {
         max_buffer_size: 1 << 16,
         max_client_memory: 1 << 18,
+        max_server_memory: 1 << 19,
         max_set_size: 1 << 16,
         max_graph_nodes: 64,
         max_graph_tensors: 256,
