@@ -19,7 +19,10 @@ fn every_golden_line_matches_llama_cpp() {
     let Some(tok) = common::tokenizer("every_golden_line_matches_llama_cpp") else {
         return;
     };
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/llama-tokenize.jsonl");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/llama-tokenize.jsonl"
+    );
     let data = std::fs::read_to_string(path).expect("golden file is committed");
     let lines: Vec<Line> = data
         .lines()
@@ -50,5 +53,10 @@ fn every_golden_line_matches_llama_cpp() {
             ));
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
