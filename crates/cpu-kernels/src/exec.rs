@@ -716,6 +716,12 @@ impl Exec<'_> {
         let mblocks = m.div_ceil(MM_ROWS);
         let isa = quant::Isa::best();
         let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
+        // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
+        let qdot_prefetch = if a.nb[1] == a.ty.row_size(k) {
+            ROWS * a.nb[1]
+        } else {
+            0
+        };
         let this = &*self;
         this.par_for_contiguous(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
             for u in units {
@@ -751,7 +757,7 @@ impl Exec<'_> {
                                 let c = batch * n + j;
                                 &packed_q[c * col_bytes..(c + 1) * col_bytes]
                             };
-                            qdot_group(isa, kind, rws, n, col, &mut put);
+                            qdot_group(isa, kind, rws, n, col, qdot_prefetch, &mut put);
                             continue;
                         }
                         match a.ty {
@@ -1049,6 +1055,7 @@ fn qdot_group<'c>(
     rows: [&[u8]; ROWS],
     n: usize,
     col: impl Fn(usize) -> &'c [u8],
+    prefetch: usize,
     put: &mut impl FnMut(usize, &[f32]),
 ) {
     let mut j = 0;
@@ -1057,7 +1064,7 @@ fn qdot_group<'c>(
         let mut d = [[0.0f32; ROWS]; QDOT_COLS];
         for h in 0..ROWS / QDOT_ROWS {
             let rs: [&[u8]; QDOT_ROWS] = std::array::from_fn(|r| rows[h * QDOT_ROWS + r]);
-            let part = qdot::dot_rows(isa, kind, rs, cols);
+            let part = qdot::dot_rows(isa, kind, rs, cols, prefetch);
             for (dc, pc) in d.iter_mut().zip(&part) {
                 dc[h * QDOT_ROWS..(h + 1) * QDOT_ROWS].copy_from_slice(pc);
             }
@@ -1068,7 +1075,7 @@ fn qdot_group<'c>(
         j += QDOT_COLS;
     }
     for j in j..n {
-        let [d] = qdot::dot_rows(isa, kind, rows, [col(j)]);
+        let [d] = qdot::dot_rows(isa, kind, rows, [col(j)], prefetch);
         put(j, &d);
     }
 }
