@@ -17,8 +17,8 @@ use parking_lot::Mutex;
 
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
-use crate::qdot;
 use crate::quant::{self, F32_ROWS, ROWS};
+use crate::{hdot, qdot};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
@@ -667,8 +667,12 @@ impl Exec<'_> {
         };
         // q4_1 likewise (and it has no dequantizing gemm path): its products follow ggml's
         // integer dots bit for bit (`qdot`).
+        // f16 weights likewise: their products follow ggml's summation orders (`hdot`).
         let use_gemm = !cfg!(miri)
-            && !matches!(a.ty, ElementType::Q4_0 | ElementType::Q4_1)
+            && !matches!(
+                a.ty,
+                ElementType::Q4_0 | ElementType::Q4_1 | ElementType::F16
+            )
             && n >= gemm_min_n
             && m >= 16
             && k >= 16;
@@ -716,6 +720,7 @@ impl Exec<'_> {
         let mblocks = m.div_ceil(MM_ROWS);
         let isa = quant::Isa::best();
         let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
+        let half_order = hdot::Order::for_shape(k, m, n);
         // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
         let qdot_prefetch = if a.nb[1] == a.ty.row_size(k) {
             ROWS * a.nb[1]
@@ -781,6 +786,15 @@ impl Exec<'_> {
                                 for j in j..n {
                                     let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
                                     put(j, &d);
+                                }
+                            }
+                            ElementType::F16 => {
+                                let rws: [&[f32]; F32_ROWS] =
+                                    f32_rows(a, row_of, a2, a3, &mut ts.a);
+                                for j in 0..n {
+                                    let c = batch * n + j;
+                                    let col = &packed_f32[c * k..(c + 1) * k];
+                                    put(j, &hdot::dot_rows(half_order, rws, col));
                                 }
                             }
                             _ => {
