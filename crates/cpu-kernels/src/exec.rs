@@ -525,8 +525,15 @@ impl Exec<'_> {
                             (i0, i0 + 1)
                         };
                         let (x0, x1) = (x[j0], x[j1]);
-                        y[j0] = x0 * c - x1 * s;
-                        y[j1] = x0 * s + x1 * c;
+                        if neox {
+                            y[j0] = x0 * c - x1 * s;
+                            y[j1] = x0 * s + x1 * c;
+                        } else {
+                            // ggml's build contracts `x0*cos - x1*sin` and `x0*sin + x1*cos`
+                            // (vectorised, for adjacent pairs) into these fused forms.
+                            y[j0] = x0.mul_add(c, -(x1 * s));
+                            y[j1] = x1.mul_add(c, x0 * s);
+                        }
                     }
                     dst.store_f32(0, i1, i2, i3, y);
                 }

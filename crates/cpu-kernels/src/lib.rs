@@ -26,7 +26,9 @@
 //! Row reductions (norms, softmax sums) accumulate in f64 like ggml's `ggml_float`; RMS_NORM
 //! sums the f32-rounded squares, as ggml does. SILU and SOFT_MAX's exponentials use ggml's
 //! vector `exp` polynomial lane for lane (module `gexp`), not libm, so a llama decode step
-//! matches llama.cpp's to the bit in those ops.
+//! matches llama.cpp's to the bit in those ops. ROPE in normal mode rotates each pair with
+//! the fused multiply-adds ggml's compiled loop uses (`x0·cos − (x1·sin)` and
+//! `x1·cos + (x0·sin)`, the bracketed products rounded).
 //!
 //! # Design choices
 //!

@@ -215,7 +215,8 @@ fn rms_norm_and_weight_are_ggml_bit_for_bit() {
 }
 
 /// ROPE in llama's normal mode: adjacent pairs, one position per token, `θ_0 = pos`,
-/// `θ_{i+1} = θ_i · base^(−2/n_dims)` in f32, `cosf`/`sinf`, freq base 100000; heads are
+/// `θ_{i+1} = θ_i · base^(−2/n_dims)` in f32, `cosf`/`sinf`, freq base 100000, each pair
+/// rotated with one fused multiply-add per output as ggml's compiled loop does; heads are
 /// rotated alike, bit for bit.
 #[test]
 fn rope_normal_mode_is_ggml_bit_for_bit() {
@@ -250,8 +251,10 @@ fn rope_normal_mode_is_ggml_bit_for_bit() {
                 for i in 0..hd / 2 {
                     let (c, s) = (theta.cos(), theta.sin());
                     let (x0, x1) = (vx[base + 2 * i], vx[base + 2 * i + 1]);
-                    let w0 = x0 * c - x1 * s;
-                    let w1 = x0 * s + x1 * c;
+                    // As ggml's `-march=native` build computes them: the pair is rotated by
+                    // `vfmaddsub` (x·cos ∓ the rounded cross product).
+                    let w0 = x0.mul_add(c, -(x1 * s));
+                    let w1 = x1.mul_add(c, x0 * s);
                     assert_eq!(out[base + 2 * i].to_bits(), w0.to_bits(), "t{t} h{h} i{i}");
                     assert_eq!(
                         out[base + 2 * i + 1].to_bits(),
