@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
 use crate::quant::{self, F32_ROWS, ROWS};
+use crate::{hdot, qdot};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
@@ -276,7 +277,7 @@ impl Exec<'_> {
                     UnaryOp::Relu => self.map(&dst, &a, |x| if x > 0.0 { x } else { 0.0 }),
                     UnaryOp::Sigmoid => self.map(&dst, &a, |x| 1.0 / (1.0 + (-x).exp())),
                     UnaryOp::Gelu => self.map(&dst, &a, gelu_tanh),
-                    UnaryOp::Silu => self.map(&dst, &a, |x| x / (1.0 + (-x).exp())),
+                    UnaryOp::Silu => self.map_slice(&dst, &a, crate::gexp::silu_slice),
                     UnaryOp::Exp => self.map(&dst, &a, f32::exp),
                     UnaryOp::GeluErf => self.map_slice(&dst, &a, crate::math::gelu_erf_slice),
                     _ => Err(unsupported(ctx, id)),
@@ -397,7 +398,8 @@ impl Exec<'_> {
                 let x = grow(&mut ts.a, ne0);
                 a.load_f32(0, i1, i2, i3, x);
                 if rms {
-                    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    // ggml squares in f32 and sums the rounded squares in f64.
+                    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
                     let mean = (sum / ne0 as f64) as f32;
                     let s = 1.0 / (mean + eps).sqrt();
                     x.iter_mut().for_each(|v| *v *= s);
@@ -455,16 +457,17 @@ impl Exec<'_> {
                 if let Some(m) = mask {
                     let mv = grow(&mut ts.b, ne0);
                     m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
-                    for (v, &w) in x.iter_mut().zip(mv.iter()) {
-                        *v += slope * w;
+                    if slope == 1.0 {
+                        x.iter_mut().zip(mv.iter()).for_each(|(v, &w)| *v += w);
+                    } else {
+                        // ggml's `wp[i] += slope*mp[i]` is compiled to a fused multiply-add.
+                        x.iter_mut()
+                            .zip(mv.iter())
+                            .for_each(|(v, &w)| *v = slope.mul_add(w, *v));
                     }
                 }
                 let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let mut sum = 0.0f64;
-                for v in x.iter_mut() {
-                    *v = (*v - max).exp();
-                    sum += f64::from(*v);
-                }
+                let sum = crate::gexp::soft_max_exp_sum(x, max);
                 let inv = (1.0 / sum) as f32;
                 x.iter_mut().for_each(|v| *v *= inv);
                 dst.store_f32(0, i1, i2, i3, x);
@@ -522,8 +525,15 @@ impl Exec<'_> {
                             (i0, i0 + 1)
                         };
                         let (x0, x1) = (x[j0], x[j1]);
-                        y[j0] = x0 * c - x1 * s;
-                        y[j1] = x0 * s + x1 * c;
+                        if neox {
+                            y[j0] = x0 * c - x1 * s;
+                            y[j1] = x0 * s + x1 * c;
+                        } else {
+                            // ggml's build contracts `x0*cos - x1*sin` and `x0*sin + x1*cos`
+                            // (vectorised, for adjacent pairs) into these fused forms.
+                            y[j0] = x0.mul_add(c, -(x1 * s));
+                            y[j1] = x1.mul_add(c, x0 * s);
+                        }
                     }
                     dst.store_f32(0, i1, i2, i3, y);
                 }
@@ -555,7 +565,7 @@ impl Exec<'_> {
                     ElementType::I32 => {
                         dst.copy_raw_from([0, i10, i11, i12], a, [0, r, i11, i12], ne0)
                     }
-                    ElementType::Q8_0 | ElementType::Q4_0 => {
+                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
                         let x = grow(&mut ts.a, ne0);
                         dequantize_row(a, r, i11, i12, x);
                         dst.store_f32(0, i10, i11, i12, x);
@@ -584,6 +594,7 @@ impl Exec<'_> {
                     let q = grow(&mut ts.bytes, row_size);
                     match dst.ty {
                         ElementType::Q8_0 => quant::quantize_q8_0(x, q),
+                        ElementType::Q4_1 => qdot::quantize_q4_1(x, q),
                         _ => quant::quantize_q4_0(x, q),
                     }
                     dst.store_row_bytes(i1, i2, i3, q);
@@ -661,8 +672,17 @@ impl Exec<'_> {
         } else {
             GEMM_MIN_N
         };
-        let use_gemm =
-            !cfg!(miri) && a.ty != ElementType::Q4_0 && n >= gemm_min_n && m >= 16 && k >= 16;
+        // q4_1 likewise (and it has no dequantizing gemm path): its products follow ggml's
+        // integer dots bit for bit (`qdot`).
+        // f16 weights likewise: their products follow ggml's summation orders (`hdot`).
+        let use_gemm = !cfg!(miri)
+            && !matches!(
+                a.ty,
+                ElementType::Q4_0 | ElementType::Q4_1 | ElementType::F16
+            )
+            && n >= gemm_min_n
+            && m >= 16
+            && k >= 16;
         if use_gemm {
             return self.mul_mat_gemm(dst, a, b, r2, r3);
         }
@@ -672,10 +692,12 @@ impl Exec<'_> {
         // q4_0 rows read the column in `quant`'s own layout (f32 scales, precomputed
         // corrections), q8_0 rows as q8_0 blocks.
         let q4 = a.ty == ElementType::Q4_0;
+        // q4_1 and (thin) q8_0 rows read the column as `qdot` packs it (ggml's x86 rule).
+        let ggml_order = qdot_kind(a.ty);
         let col_bytes = if q4 {
             quant::q8_col_bytes(k)
         } else {
-            ElementType::Q8_0.row_size(k)
+            qdot::col_bytes(k)
         };
         if quantized {
             let tmp = grow(&mut self.scratch.thread[0].get_mut().a, k).to_vec();
@@ -688,14 +710,16 @@ impl Exec<'_> {
                 if q4 {
                     quant::quantize_q8_col(&tmp, out);
                 } else {
-                    quant::quantize_q8_0(&tmp, out);
+                    qdot::quantize_col(&tmp, out);
                 }
             }
         } else {
             let packed = grow(&mut self.scratch.shared_f32, ncols * k);
             for c in 0..ncols {
                 let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
-                b.load_f32(0, j, i2, i3, &mut packed[c * k..(c + 1) * k]);
+                let col = &mut packed[c * k..(c + 1) * k];
+                b.load_f32(0, j, i2, i3, col);
+                round_to_weight_type(a.ty, col);
             }
         }
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
@@ -703,6 +727,13 @@ impl Exec<'_> {
         let mblocks = m.div_ceil(MM_ROWS);
         let isa = quant::Isa::best();
         let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
+        let half_order = hdot::Order::for_shape(k, m, n);
+        // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
+        let qdot_prefetch = if a.nb[1] == a.ty.row_size(k) {
+            ROWS * a.nb[1]
+        } else {
+            0
+        };
         let this = &*self;
         this.par_for_contiguous(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
             for u in units {
@@ -722,7 +753,7 @@ impl Exec<'_> {
                     // its last row and drops the extra results; a row's result does not depend
                     // on the other rows of its group).
                     let group = match a.ty {
-                        ElementType::Q4_0 | ElementType::Q8_0 => ROWS,
+                        ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
                         _ => F32_ROWS,
                     };
                     for g0 in (0..nr).step_by(group) {
@@ -731,6 +762,16 @@ impl Exec<'_> {
                         let mut put = |j: usize, d: &[f32]| {
                             out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                         };
+                        if let Some(kind) = ggml_order {
+                            let rws: [&[u8]; ROWS] =
+                                std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                            let col = |j: usize| {
+                                let c = batch * n + j;
+                                &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                            };
+                            qdot_group(isa, kind, rws, n, col, qdot_prefetch, &mut put);
+                            continue;
+                        }
                         match a.ty {
                             ElementType::Q4_0 => {
                                 let rws: [&[u8]; ROWS] =
@@ -754,14 +795,13 @@ impl Exec<'_> {
                                     put(j, &d);
                                 }
                             }
-                            ElementType::Q8_0 => {
+                            ElementType::F16 => {
+                                let rws: [&[f32]; F32_ROWS] =
+                                    f32_rows(a, row_of, a2, a3, &mut ts.a);
                                 for j in 0..n {
                                     let c = batch * n + j;
-                                    let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                                    let d: [f32; ROWS] = std::array::from_fn(|r| {
-                                        quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
-                                    });
-                                    put(j, &d);
+                                    let col = &packed_f32[c * k..(c + 1) * k];
+                                    put(j, &hdot::dot_rows(half_order, rws, col));
                                 }
                             }
                             _ => {
@@ -811,12 +851,15 @@ impl Exec<'_> {
         }
         let mblocks = m.div_ceil(mc);
         // src1 as a gemm operand: directly, or packed dense per batch.
-        let direct_b = b.f32_matrix(0, 0).is_some();
+        let direct_b =
+            b.f32_matrix(0, 0).is_some() && !matches!(a.ty, ElementType::F16 | ElementType::BF16);
         if !direct_b {
             let packed = grow(&mut self.scratch.shared_f32, n_batch * n * k);
             for c in 0..n_batch * n {
                 let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
-                b.load_f32(0, j, i2, i3, &mut packed[c * k..(c + 1) * k]);
+                let col = &mut packed[c * k..(c + 1) * k];
+                b.load_f32(0, j, i2, i3, col);
+                round_to_weight_type(a.ty, col);
             }
         }
         let packed = &self.scratch.shared_f32[..if direct_b { 0 } else { n_batch * n * k }];
@@ -830,7 +873,7 @@ impl Exec<'_> {
                 let dm = dst
                     .f32_matrix(i2, i3)
                     .ok_or_else(|| BackendError::failed("CPU", "mul_mat: misaligned result"))?;
-                let bm = match b.f32_matrix(i2, i3) {
+                let bm = match b.f32_matrix(i2, i3).filter(|_| direct_b) {
                     Some(x) => x,
                     None => MatF32::from_slice(&packed[batch * n * k..(batch + 1) * n * k], k, n),
                 };
@@ -986,7 +1029,75 @@ fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
     let bytes = a.row_bytes(i1, i2, i3);
     match a.ty {
         ElementType::Q8_0 => quant::dequantize_q8_0(bytes, out),
+        ElementType::Q4_1 => qdot::dequantize_q4_1(bytes, out),
         _ => quant::dequantize_q4_0(bytes, out),
+    }
+}
+
+/// Round a column of `src1` to f16 or bf16 when the weights are of that type: ggml converts
+/// `src1` to the weights' `vec_dot_type` (f16 for f16, bf16 for bf16) before its dot
+/// products, so a product with f16 weights (the attention's `K·Q` and `V·P` over an f16 KV
+/// cache) sees the column rounded to nearest even. Products of those values are exact in
+/// f32, so only the summation order is left to differ from ggml.
+fn round_to_weight_type(ty: ElementType, col: &mut [f32]) {
+    match ty {
+        ElementType::F16 => col
+            .iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        ElementType::BF16 => col
+            .iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+        _ => {}
+    }
+}
+
+/// The `qdot` weight kind of a type whose products follow ggml's integer order.
+fn qdot_kind(ty: ElementType) -> Option<qdot::WeightKind> {
+    match ty {
+        ElementType::Q4_1 => Some(qdot::WeightKind::Q4_1),
+        ElementType::Q8_0 => Some(qdot::WeightKind::Q8_0),
+        _ => None,
+    }
+}
+
+/// Rows per call of the many-column `qdot` kernel (with [`QDOT_COLS`] columns: sixteen
+/// eight-lane accumulators, AVX2's register count).
+const QDOT_ROWS: usize = 4;
+/// Columns per call of the many-column `qdot` kernel.
+const QDOT_COLS: usize = 4;
+
+/// One group of [`ROWS`] weight rows against the `n` columns `col(0..n)`, handing each
+/// column's results to `put`: one column at a time with all rows when `n` is small (decode),
+/// else [`QDOT_ROWS`] × [`QDOT_COLS`] tiles so a weight block is unpacked once for several
+/// columns. Each result is one row dotted with one column, whatever the tiling.
+fn qdot_group<'c>(
+    isa: quant::Isa,
+    kind: qdot::WeightKind,
+    rows: [&[u8]; ROWS],
+    n: usize,
+    col: impl Fn(usize) -> &'c [u8],
+    prefetch: usize,
+    put: &mut impl FnMut(usize, &[f32]),
+) {
+    let mut j = 0;
+    while j + QDOT_COLS <= n {
+        let cols: [&[u8]; QDOT_COLS] = std::array::from_fn(|c| col(j + c));
+        let mut d = [[0.0f32; ROWS]; QDOT_COLS];
+        for h in 0..ROWS / QDOT_ROWS {
+            let rs: [&[u8]; QDOT_ROWS] = std::array::from_fn(|r| rows[h * QDOT_ROWS + r]);
+            let part = qdot::dot_rows(isa, kind, rs, cols, prefetch);
+            for (dc, pc) in d.iter_mut().zip(&part) {
+                dc[h * QDOT_ROWS..(h + 1) * QDOT_ROWS].copy_from_slice(pc);
+            }
+        }
+        for (c, dc) in d.iter().enumerate() {
+            put(j + c, dc);
+        }
+        j += QDOT_COLS;
+    }
+    for j in j..n {
+        let [d] = qdot::dot_rows(isa, kind, rows, [col(j)], prefetch);
+        put(j, &d);
     }
 }
 

@@ -488,7 +488,7 @@ fn rope_modes_and_yarn() {
 
 #[test]
 fn get_rows_all_types() {
-    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::I32] {
+    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1, T::I32] {
         for &nth in THREADS {
             let mut ctx = Context::new();
             let a = ctx.new_tensor_3d(ty, 64, 10, 2).unwrap();
@@ -588,7 +588,16 @@ fn mul_mat_case(
     fill(&ctx, a, &mut rng);
     fill(&ctx, b0, &mut rng);
     compute(&ctx, &g, nth);
-    let reference = mul_mat_ref(&read(&ctx, a), ctx[a].ne(), &read(&ctx, b), ctx[b].ne());
+    // ggml converts src1 to the weights' dot type first: f16 or bf16 for those weights.
+    let vb: Vec<f64> = read(&ctx, b)
+        .into_iter()
+        .map(|v| match ty {
+            T::F16 => half::f16::from_f64(v).to_f64(),
+            T::BF16 => half::bf16::from_f64(v).to_f64(),
+            _ => v,
+        })
+        .collect();
+    let reference = mul_mat_ref(&read(&ctx, a), ctx[a].ne(), &vb, ctx[b].ne());
     let tol = match ty {
         T::F32 | T::F16 | T::BF16 => F32_TOL,
         _ => 1e-4,
@@ -607,7 +616,7 @@ fn mul_mat_case(
     ignore = "minutes under Miri; the Miri subset covers the same memory paths"
 )]
 fn mul_mat_thin_all_types() {
-    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0] {
+    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1] {
         for &nth in THREADS {
             mul_mat_case(ty, 64, 40, 1, [1, 1], [1, 1], false, nth);
             mul_mat_case(ty, 96, 19, 3, [2, 1], [2, 2], false, nth);
@@ -622,7 +631,7 @@ fn mul_mat_thin_all_types() {
 #[test]
 #[cfg_attr(miri, ignore = "gemm path: large shapes and SIMD")]
 fn mul_mat_batched_all_types() {
-    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0] {
+    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1] {
         for &nth in THREADS {
             mul_mat_case(ty, 128, 70, 33, [1, 1], [1, 1], false, nth);
             mul_mat_case(ty, 64, 48, 20, [2, 1], [1, 2], true, nth);
@@ -801,7 +810,7 @@ fn unsupported_nodes_are_reported() {
     let b = ctx.new_tensor_2d(T::F16, 8, 2).unwrap();
     let c = ctx.add(a, b).unwrap(); // f16 add is not implemented
     assert!(!cpu_kernels::supports_op(&ctx, c));
-    let w = ctx.new_tensor_2d(T::Q4_1, 32, 2).unwrap();
+    let w = ctx.new_tensor_2d(T::Q5_0, 32, 2).unwrap();
     let x = ctx.new_tensor_2d(T::F32, 32, 2).unwrap();
     let y = ctx.mul_mat(w, x).unwrap();
     assert!(!cpu_kernels::supports_op(&ctx, y));
