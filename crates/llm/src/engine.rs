@@ -101,9 +101,8 @@ pub struct Generation {
 ///
 /// ```no_run
 /// use llm::{Llama, LlamaOptions, Sampler, Sampling};
-/// # fn open() -> llm::Result<Box<dyn llm::ModelFile>> { unimplemented!() }
-/// let file = open()?;
-/// let mut model = Llama::new(file.as_ref(), LlamaOptions { threads: 2, n_ctx: 512, ..Default::default() })?;
+/// let file = llm::open_gguf(&llm::find_model(None)?)?;
+/// let mut model = Llama::new(&file, LlamaOptions { threads: 2, n_ctx: 512, ..Default::default() })?;
 /// let mut sampler = Sampler::new(Sampling::Greedy);
 /// let out = model.generate(&[19556, 905], 8, &mut sampler, &[0, 2, 4], |_, _| {})?;
 /// assert!(out.tokens.len() <= 8);

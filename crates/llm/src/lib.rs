@@ -20,6 +20,7 @@
 mod chat;
 mod engine;
 mod error;
+mod gguf_file;
 mod graph;
 mod hparams;
 mod kv_cache;
@@ -30,6 +31,7 @@ mod weights;
 pub use chat::{DEFAULT_SYSTEM, render_chat};
 pub use engine::{EMBEDDED, Generation, Llama, LlamaOptions, StepTimings};
 pub use error::{INSTALL_HINT, LlmError, Result};
+pub use gguf_file::open_gguf;
 pub use graph::{StepShape, StepTensors, build_step, graph_capacity};
 pub use hparams::{ARCH, Hparams, Metadata};
 pub use kv_cache::{KvCache, N_KV_PAD, fill_mask};
