@@ -24,6 +24,35 @@ use crate::weights::LlamaWeights;
 /// RoPE mode "normal" (adjacent pairs), llama's.
 const ROPE_NORMAL: i32 = 0;
 
+/// Names a tensor from format arguments without a heap allocation (a step must not allocate).
+fn name(id: TensorId, ctx: &mut Context, args: std::fmt::Arguments<'_>) -> Result<()> {
+    struct Buf {
+        bytes: [u8; 64],
+        len: usize,
+    }
+    impl std::fmt::Write for Buf {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            // Truncate at a character boundary when full (names are short ASCII here).
+            let room = self.bytes.len() - self.len;
+            let mut n = s.len().min(room);
+            while !s.is_char_boundary(n) {
+                n -= 1;
+            }
+            self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+            self.len += n;
+            Ok(())
+        }
+    }
+    let mut b = Buf {
+        bytes: [0; 64],
+        len: 0,
+    };
+    let _ = std::fmt::write(&mut b, args);
+    let s = std::str::from_utf8(&b.bytes[..b.len]).unwrap_or_default();
+    ctx.set_name(id, s)?;
+    Ok(())
+}
+
 /// The tensors of one step's graph a caller reads or writes.
 #[derive(Clone, Copy, Debug)]
 pub struct StepTensors {
@@ -107,7 +136,7 @@ pub fn build_step(
     for (l, lw) in w.layers.iter().enumerate() {
         let cur = ctx.rms_norm(x, hp.rms_eps)?;
         let cur = ctx.mul(cur, lw.attn_norm)?;
-        ctx.set_name(cur, &format!("attn_norm-{l}"))?;
+        name(cur, ctx, format_args!("attn_norm-{l}"))?;
 
         let q = ctx.mul_mat(lw.wq, cur)?;
         let k = ctx.mul_mat(lw.wk, cur)?;
@@ -115,9 +144,9 @@ pub fn build_step(
         let q = ctx.reshape_3d(q, hd, n_head, n)?;
         let k = ctx.reshape_3d(k, hd, n_head_kv, n)?;
         let q = ctx.rope_ext(q, positions, hp.n_rot as i32, ROPE_NORMAL, rope)?;
-        ctx.set_name(q, &format!("Qcur-{l}"))?;
+        name(q, ctx, format_args!("Qcur-{l}"))?;
         let k = ctx.rope_ext(k, positions, hp.n_rot as i32, ROPE_NORMAL, rope)?;
-        ctx.set_name(k, &format!("Kcur-{l}"))?;
+        name(k, ctx, format_args!("Kcur-{l}"))?;
 
         // Store this step's keys and values in their cells before attention reads them.
         let k_cells = ctx.view_1d(cache.k(l), n * n_embd_kv as i64, s.kv_head * n_embd_kv * es)?;
@@ -155,7 +184,7 @@ pub fn build_step(
         let merged = ctx.cont(merged)?;
         let merged = ctx.reshape_2d(merged, n_embd, n)?;
         let mut cur = ctx.mul_mat(lw.wo, merged)?;
-        ctx.set_name(cur, &format!("attn_out-{l}"))?;
+        name(cur, ctx, format_args!("attn_out-{l}"))?;
 
         if l == last && n > 1 {
             // Only the last token's row goes on to the output head.
@@ -173,7 +202,7 @@ pub fn build_step(
         let act = ctx.mul(act, up)?;
         let down = ctx.mul_mat(lw.ffn_down, act)?;
         x = ctx.add(down, ffn_inp)?;
-        ctx.set_name(x, &format!("l_out-{l}"))?;
+        name(x, ctx, format_args!("l_out-{l}"))?;
     }
     let cur = ctx.rms_norm(x, hp.rms_eps)?;
     let cur = ctx.mul(cur, w.output_norm)?;

@@ -2,7 +2,9 @@
 //! [`llm::ModelFile`], and a naive reference forward pass written from the spec's
 //! description of the graph (not from the crate's code).
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::print_stderr)]
+
+pub mod golden;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
