@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
+use crate::qdot;
 use crate::quant::{self, F32_ROWS, ROWS};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
@@ -555,7 +556,7 @@ impl Exec<'_> {
                     ElementType::I32 => {
                         dst.copy_raw_from([0, i10, i11, i12], a, [0, r, i11, i12], ne0)
                     }
-                    ElementType::Q8_0 | ElementType::Q4_0 => {
+                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
                         let x = grow(&mut ts.a, ne0);
                         dequantize_row(a, r, i11, i12, x);
                         dst.store_f32(0, i10, i11, i12, x);
@@ -584,6 +585,7 @@ impl Exec<'_> {
                     let q = grow(&mut ts.bytes, row_size);
                     match dst.ty {
                         ElementType::Q8_0 => quant::quantize_q8_0(x, q),
+                        ElementType::Q4_1 => qdot::quantize_q4_1(x, q),
                         _ => quant::quantize_q4_0(x, q),
                     }
                     dst.store_row_bytes(i1, i2, i3, q);
@@ -661,8 +663,13 @@ impl Exec<'_> {
         } else {
             GEMM_MIN_N
         };
-        let use_gemm =
-            !cfg!(miri) && a.ty != ElementType::Q4_0 && n >= gemm_min_n && m >= 16 && k >= 16;
+        // q4_1 likewise (and it has no dequantizing gemm path): its products follow ggml's
+        // integer dots bit for bit (`qdot`).
+        let use_gemm = !cfg!(miri)
+            && !matches!(a.ty, ElementType::Q4_0 | ElementType::Q4_1)
+            && n >= gemm_min_n
+            && m >= 16
+            && k >= 16;
         if use_gemm {
             return self.mul_mat_gemm(dst, a, b, r2, r3);
         }
@@ -672,10 +679,12 @@ impl Exec<'_> {
         // q4_0 rows read the column in `quant`'s own layout (f32 scales, precomputed
         // corrections), q8_0 rows as q8_0 blocks.
         let q4 = a.ty == ElementType::Q4_0;
+        // q4_1 and (thin) q8_0 rows read the column as `qdot` packs it (ggml's x86 rule).
+        let ggml_order = qdot_kind(a.ty);
         let col_bytes = if q4 {
             quant::q8_col_bytes(k)
         } else {
-            ElementType::Q8_0.row_size(k)
+            qdot::col_bytes(k)
         };
         if quantized {
             let tmp = grow(&mut self.scratch.thread[0].get_mut().a, k).to_vec();
@@ -688,7 +697,7 @@ impl Exec<'_> {
                 if q4 {
                     quant::quantize_q8_col(&tmp, out);
                 } else {
-                    quant::quantize_q8_0(&tmp, out);
+                    qdot::quantize_col(&tmp, out);
                 }
             }
         } else {
@@ -722,7 +731,7 @@ impl Exec<'_> {
                     // its last row and drops the extra results; a row's result does not depend
                     // on the other rows of its group).
                     let group = match a.ty {
-                        ElementType::Q4_0 | ElementType::Q8_0 => ROWS,
+                        ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
                         _ => F32_ROWS,
                     };
                     for g0 in (0..nr).step_by(group) {
@@ -731,6 +740,16 @@ impl Exec<'_> {
                         let mut put = |j: usize, d: &[f32]| {
                             out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                         };
+                        if let Some(kind) = ggml_order {
+                            let rws: [&[u8]; ROWS] =
+                                std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                            let col = |j: usize| {
+                                let c = batch * n + j;
+                                &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                            };
+                            qdot_group(isa, kind, rws, n, col, &mut put);
+                            continue;
+                        }
                         match a.ty {
                             ElementType::Q4_0 => {
                                 let rws: [&[u8]; ROWS] =
@@ -751,16 +770,6 @@ impl Exec<'_> {
                                 }
                                 for j in j..n {
                                     let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
-                                    put(j, &d);
-                                }
-                            }
-                            ElementType::Q8_0 => {
-                                for j in 0..n {
-                                    let c = batch * n + j;
-                                    let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                                    let d: [f32; ROWS] = std::array::from_fn(|r| {
-                                        quant::dot_q8_0_q8_0(a.row_bytes(row_of(r), a2, a3), col)
-                                    });
                                     put(j, &d);
                                 }
                             }
@@ -986,7 +995,57 @@ fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
     let bytes = a.row_bytes(i1, i2, i3);
     match a.ty {
         ElementType::Q8_0 => quant::dequantize_q8_0(bytes, out),
+        ElementType::Q4_1 => qdot::dequantize_q4_1(bytes, out),
         _ => quant::dequantize_q4_0(bytes, out),
+    }
+}
+
+/// The `qdot` weight kind of a type whose products follow ggml's integer order.
+fn qdot_kind(ty: ElementType) -> Option<qdot::WeightKind> {
+    match ty {
+        ElementType::Q4_1 => Some(qdot::WeightKind::Q4_1),
+        ElementType::Q8_0 => Some(qdot::WeightKind::Q8_0),
+        _ => None,
+    }
+}
+
+/// Rows per call of the many-column `qdot` kernel (with [`QDOT_COLS`] columns: sixteen
+/// eight-lane accumulators, AVX2's register count).
+const QDOT_ROWS: usize = 4;
+/// Columns per call of the many-column `qdot` kernel.
+const QDOT_COLS: usize = 4;
+
+/// One group of [`ROWS`] weight rows against the `n` columns `col(0..n)`, handing each
+/// column's results to `put`: one column at a time with all rows when `n` is small (decode),
+/// else [`QDOT_ROWS`] × [`QDOT_COLS`] tiles so a weight block is unpacked once for several
+/// columns. Each result is one row dotted with one column, whatever the tiling.
+fn qdot_group<'c>(
+    isa: quant::Isa,
+    kind: qdot::WeightKind,
+    rows: [&[u8]; ROWS],
+    n: usize,
+    col: impl Fn(usize) -> &'c [u8],
+    put: &mut impl FnMut(usize, &[f32]),
+) {
+    let mut j = 0;
+    while j + QDOT_COLS <= n {
+        let cols: [&[u8]; QDOT_COLS] = std::array::from_fn(|c| col(j + c));
+        let mut d = [[0.0f32; ROWS]; QDOT_COLS];
+        for h in 0..ROWS / QDOT_ROWS {
+            let rs: [&[u8]; QDOT_ROWS] = std::array::from_fn(|r| rows[h * QDOT_ROWS + r]);
+            let part = qdot::dot_rows(isa, kind, rs, cols);
+            for (dc, pc) in d.iter_mut().zip(&part) {
+                dc[h * QDOT_ROWS..(h + 1) * QDOT_ROWS].copy_from_slice(pc);
+            }
+        }
+        for (c, dc) in d.iter().enumerate() {
+            put(j + c, dc);
+        }
+        j += QDOT_COLS;
+    }
+    for j in j..n {
+        let [d] = qdot::dot_rows(isa, kind, rows, [col(j)]);
+        put(j, &d);
     }
 }
 

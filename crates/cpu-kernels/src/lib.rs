@@ -14,9 +14,9 @@
 //! | NORM, RMS_NORM (eps) | f32 |
 //! | SOFT_MAX (scale, optional f32/f16 mask broadcast over dims 2 and 3, ALiBi `max_bias`) | f32 |
 //! | ROPE (normal and NeoX, n_dims, freq base/scale, YaRN ext/attn factors) | f32, i32 positions |
-//! | GET_ROWS | f32, f16, bf16, q8_0, q4_0 → f32; i32 → i32 |
-//! | MUL_MAT (broadcast over dims 2 and 3, any src1 strides) | src0 f32, f16, bf16, q8_0, q4_0; src1 f32 |
-//! | CPY, DUP, CONT | f32 ↔ f16 ↔ bf16; any plain type to itself; f32 → q8_0, q4_0 (same extents) |
+//! | GET_ROWS | f32, f16, bf16, q8_0, q4_0, q4_1 → f32; i32 → i32 |
+//! | MUL_MAT (broadcast over dims 2 and 3, any src1 strides) | src0 f32, f16, bf16, q8_0, q4_0, q4_1; src1 f32 |
+//! | CPY, DUP, CONT | f32 ↔ f16 ↔ bf16; any plain type to itself; f32 → q8_0, q4_0, q4_1 (same extents) |
 //! | NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE | compute nothing |
 //!
 //! GELU uses the tanh formula in f32; ggml's default build instead looks the result up in a
@@ -43,6 +43,13 @@
 //!   and each row is dotted block by block with integer sums, as ggml does. q4_0 and f32 rows
 //!   are dotted eight at a time, so each column load serves several rows and several weight
 //!   streams run side by side.
+//! * **q4_1 and thin q8_0 products are ggml's, bit for bit** (module `qdot`): the column is
+//!   quantized by ggml's x86 rule (`id = 127/amax`, ties to even; q8_1 with its `s` for
+//!   q4_1 rows) and each output is the integer dot in ggml's AVX2 summation order (eight
+//!   four-byte lanes, an FMA per block, ggml's horizontal sum). Models checked token for
+//!   token against llama.cpp (SmolLM2 Q4_1, its tied Q8_0 output head) need that: their
+//!   greedy margins can be 0.1 logit. One column takes eight rows per call (decode), more
+//!   columns take 4 × 4 tiles. q4_1 never takes the gemm; q8_0 from 16 columns still does.
 //! * **q4_0 weights always take the dot-product path**, at any column count: its kernel
 //!   takes four columns per call, so each block of eight rows is unpacked (nibbles, scales)
 //!   once for four columns, and the integer dot products cost less than dequantizing to f32
@@ -133,6 +140,7 @@ mod exec;
 mod math;
 mod mem;
 mod pool;
+mod qdot;
 mod quant;
 
 #[doc(hidden)]
@@ -532,7 +540,7 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
         Op::GetRows => match (src(0), src(1)) {
             (Some(a), Some(r)) => {
                 let ok_src = match a.ty() {
-                    ElementType::Q8_0 | ElementType::Q4_0 => {
+                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
                         a.is_contiguous_rows() && t.ty() == f32_
                     }
                     ElementType::I32 => t.ty() == ElementType::I32,
@@ -548,7 +556,9 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
         Op::MulMat => match (src(0), src(1)) {
             (Some(a), Some(b)) => {
                 let ok_a = match a.ty() {
-                    ElementType::Q8_0 | ElementType::Q4_0 => a.is_contiguous_rows(),
+                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
+                        a.is_contiguous_rows()
+                    }
                     ty => is_float(ty),
                 };
                 let (an, bn) = (a.ne(), b.ne());
@@ -571,7 +581,10 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
             let (from, to) = (a.ty(), t.ty());
             if to.is_quantized() {
                 from == f32_
-                    && matches!(to, ElementType::Q8_0 | ElementType::Q4_0)
+                    && matches!(
+                        to,
+                        ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1
+                    )
                     && a.ne() == t.ne()
                     && t.is_contiguous_rows()
             } else if from.is_quantized() {

@@ -1,4 +1,5 @@
-//! Block formats `q8_0` and `q4_0`: dequantize, quantize, and block dot products.
+//! Block formats `q8_0` and `q4_0`: dequantize, quantize, and the q4_0 block dot products
+//! (q8_0 and q4_1 products are in `qdot`).
 //!
 //! Layouts (ggml's): a `q8_0` block is an f16 scale `d` then 32 signed bytes, value `q · d`;
 //! a `q4_0` block is an f16 scale `d` then 16 bytes whose low nibbles are elements 0..16 and
@@ -151,29 +152,6 @@ fn dot_q4_0_col_scalar(x: &[u8], col: &[u8]) -> f32 {
         acc[b % 2] = d.mul_add((s - c) as f32, acc[b % 2]);
     }
     acc[0] + acc[1]
-}
-
-/// Σ over blocks of `d_a · d_b · Σ q_a · q_b` for two q8_0 rows.
-pub(crate) fn dot_q8_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if x86::has_avx2_fma_f16c() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        return unsafe { x86::dot_q8_0_q8_0(a, b) };
-    }
-    dot_q8_0_q8_0_body(a, b)
-}
-
-#[inline(always)]
-fn dot_q8_0_q8_0_body(a: &[u8], b: &[u8]) -> f32 {
-    let mut sum = 0.0f32;
-    for (x, y) in a.chunks_exact(Q8_0_BYTES).zip(b.chunks_exact(Q8_0_BYTES)) {
-        let mut s = 0i32;
-        for (&p, &q) in x[2..].iter().zip(&y[2..]) {
-            s += i32::from(i16::from(p as i8) * i16::from(q as i8));
-        }
-        sum += s as f32 * (scale(x) * scale(y));
-    }
-    sum
 }
 
 /// An instruction-set level for the hand-written kernels, detected at run time.
@@ -807,49 +785,11 @@ mod x86 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn h2f(lo: u8, hi: u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-            u16::from_le_bytes([lo, hi]),
-        ))))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
     fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
         _mm_cvtss_f32(s)
-    }
-
-    /// Σ qx·qy over 32 signed bytes as 8 f32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn mul_sum_i8(qx: __m256i, qy: __m256i) -> __m256 {
-        let ax = _mm256_sign_epi8(qx, qx);
-        let sy = _mm256_sign_epi8(qy, qx);
-        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-        _mm256_cvtepi32_ps(dot)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn dot_q8_0_q8_0(a: &[u8], b: &[u8]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (x, y) in a
-            .chunks_exact(super::Q8_0_BYTES)
-            .zip(b.chunks_exact(super::Q8_0_BYTES))
-        {
-            let d = h2f(x[0], x[1]) * h2f(y[0], y[1]);
-            // SAFETY: both are 34-byte blocks: the 32 bytes from offset 2 are inside them.
-            let (qx, qy) = unsafe {
-                (
-                    _mm256_loadu_si256(x.as_ptr().add(2).cast()),
-                    _mm256_loadu_si256(y.as_ptr().add(2).cast()),
-                )
-            };
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), mul_sum_i8(qx, qy), acc);
-        }
-        hsum(acc)
     }
 }
 

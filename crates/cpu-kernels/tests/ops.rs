@@ -488,7 +488,7 @@ fn rope_modes_and_yarn() {
 
 #[test]
 fn get_rows_all_types() {
-    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::I32] {
+    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1, T::I32] {
         for &nth in THREADS {
             let mut ctx = Context::new();
             let a = ctx.new_tensor_3d(ty, 64, 10, 2).unwrap();
@@ -607,7 +607,7 @@ fn mul_mat_case(
     ignore = "minutes under Miri; the Miri subset covers the same memory paths"
 )]
 fn mul_mat_thin_all_types() {
-    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0] {
+    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1] {
         for &nth in THREADS {
             mul_mat_case(ty, 64, 40, 1, [1, 1], [1, 1], false, nth);
             mul_mat_case(ty, 96, 19, 3, [2, 1], [2, 2], false, nth);
@@ -622,7 +622,7 @@ fn mul_mat_thin_all_types() {
 #[test]
 #[cfg_attr(miri, ignore = "gemm path: large shapes and SIMD")]
 fn mul_mat_batched_all_types() {
-    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0] {
+    for ty in [T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1] {
         for &nth in THREADS {
             mul_mat_case(ty, 128, 70, 33, [1, 1], [1, 1], false, nth);
             mul_mat_case(ty, 64, 48, 20, [2, 1], [1, 2], true, nth);
@@ -801,7 +801,7 @@ fn unsupported_nodes_are_reported() {
     let b = ctx.new_tensor_2d(T::F16, 8, 2).unwrap();
     let c = ctx.add(a, b).unwrap(); // f16 add is not implemented
     assert!(!cpu_kernels::supports_op(&ctx, c));
-    let w = ctx.new_tensor_2d(T::Q4_1, 32, 2).unwrap();
+    let w = ctx.new_tensor_2d(T::Q5_0, 32, 2).unwrap();
     let x = ctx.new_tensor_2d(T::F32, 32, 2).unwrap();
     let y = ctx.mul_mat(w, x).unwrap();
     assert!(!cpu_kernels::supports_op(&ctx, y));

@@ -106,6 +106,15 @@ pub fn read(ctx: &Context, id: TensorId) -> Vec<f64> {
                 let q = if j < 16 { byte & 15 } else { byte >> 4 };
                 d * (f64::from(q) - 8.0)
             }
+            ElementType::Q4_1 => {
+                let b = row + (i0 / 32) * 20;
+                let d = f16::from_le_bytes([bytes[b], bytes[b + 1]]).to_f32();
+                let m = f16::from_le_bytes([bytes[b + 2], bytes[b + 3]]).to_f32();
+                let j = i0 % 32;
+                let byte = bytes[b + 4 + j % 16];
+                let q = if j < 16 { byte & 15 } else { byte >> 4 };
+                f64::from(q) * f64::from(d) + f64::from(m)
+            }
             other => panic!("read: {other}"),
         };
         out.push(v);
@@ -127,13 +136,18 @@ pub fn fill(ctx: &Context, id: TensorId, rng: &mut Rng) {
         ElementType::BF16 => (0..n)
             .flat_map(|_| bf16::from_f32(rng.f()).to_le_bytes())
             .collect(),
-        ElementType::Q8_0 | ElementType::Q4_0 => {
+        ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
             let bs = t.ty().type_size();
+            let q4_1 = t.ty() == ElementType::Q4_1;
             let mut v = Vec::new();
             for _ in 0..n / 32 {
                 let d = f16::from_f32(0.01 + 0.02 * rng.f().abs());
                 v.extend_from_slice(&d.to_le_bytes());
-                for _ in 0..bs - 2 {
+                if q4_1 {
+                    // The minimum: a block's values span [m, m + 15 d].
+                    v.extend_from_slice(&f16::from_f32(-0.15 * rng.f().abs()).to_le_bytes());
+                }
+                for _ in 0..bs - if q4_1 { 4 } else { 2 } {
                     v.push((rng.next_u64() >> 32) as u8);
                 }
             }

@@ -1,0 +1,581 @@
+//! `q4_1` and ggml-ordered `q8_0` matrix products: ggml's x86 activation quantizer and its
+//! AVX2 block dot products, reproduced bit for bit.
+//!
+//! Why a module of its own: llama-style models (the `llm` crate) are checked token for token
+//! against llama.cpp, where near-ties of 0.1 logit are common, so these products follow
+//! ggml's x86 build operation by operation rather than just "a correct dot product":
+//!
+//! * **Activations** are quantized per 32 floats as ggml's AVX2 `quantize_row_q8_0/q8_1` do:
+//!   `amax = max |x|`, `d = amax / 127`, `id = 127 / amax` (0 when `amax` is 0),
+//!   `q = round_half_even(x · id)` (saturated to i8), `s = half(d · Σ q)`. (ggml's portable
+//!   reference uses `1 / d` and rounds ties away from zero: one quantum apart at times.)
+//!   [`quantize_col`] writes them in a packed column: every block's 32 quants, then every
+//!   block's `f32(half(d))`, then every block's `f32(half(s))`.
+//! * **Dot products** keep ggml's AVX2 summation order: per block, the 32 products are summed
+//!   in groups of four adjacent bytes into eight i32 lanes (exact), each lane is converted to
+//!   f32 and accumulated by `lane_acc = fma(d_w · d_a, lane, lane_acc)` over the blocks; the
+//!   result is `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`. For `q4_1` (value
+//!   `q · d + m`, nibbles low = elements 0..16, high = 16..32) the term `Σ m_w · s_a` is an f32
+//!   FMA chain in block order (ggml's C compiles `summs += m * s` to an FMA), added last.
+//!
+//! The portable kernels do exactly these operations (`f32::mul_add` is a fused multiply-add
+//! at every level), so every instruction-set level gives the same bits, and a result depends
+//! only on its weight row and its column, never on the thread count or on how rows and
+//! columns are grouped into kernel calls.
+
+use half::f16;
+
+/// Elements per block.
+pub(crate) const QK: usize = 32;
+/// Bytes of a `q4_1` block: `d: f16, m: f16, qs: [u8; 16]`.
+pub(crate) const Q4_1_BYTES: usize = 20;
+/// Bytes of a `q8_0` block: `d: f16, qs: [i8; 32]`.
+pub(crate) const Q8_0_BYTES: usize = 34;
+
+/// Weight block formats this module's products take.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum WeightKind {
+    /// `q4_1` rows against `q8_1` activations.
+    Q4_1,
+    /// `q8_0` rows against `q8_0` activations.
+    Q8_0,
+}
+
+impl WeightKind {
+    fn block_bytes(self) -> usize {
+        match self {
+            WeightKind::Q4_1 => Q4_1_BYTES,
+            WeightKind::Q8_0 => Q8_0_BYTES,
+        }
+    }
+}
+
+#[inline]
+fn half_at(b: &[u8], off: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
+}
+
+#[inline]
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+/// Dequantize `q4_1` blocks into `out`: `q · d + m` with one rounding (ggml's C is compiled
+/// with contraction, so its `x0*d + m` is a fused multiply-add).
+pub(crate) fn dequantize_q4_1(src: &[u8], out: &mut [f32]) {
+    for (blk, o) in src.chunks_exact(Q4_1_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let (d, m) = (half_at(blk, 0), half_at(blk, 2));
+        let (lo, hi) = o.split_at_mut(QK / 2);
+        for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(&blk[4..]) {
+            *l = f32::from(q & 0x0f).mul_add(d, m);
+            *h = f32::from(q >> 4).mul_add(d, m);
+        }
+    }
+}
+
+/// Quantize `x` (a multiple of 32 long) to `q4_1` like ggml's reference: per block
+/// `d = (max − min) / 15`, `m = min`, `q = min(15, trunc((x − min) · (1/d) + 0.5))`.
+pub(crate) fn quantize_q4_1(x: &[f32], out: &mut [u8]) {
+    for (xb, blk) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q4_1_BYTES)) {
+        let mut min = f32::MAX;
+        let mut max = -f32::MAX;
+        for &v in xb {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        blk[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        blk[2..4].copy_from_slice(&f16::from_f32(min).to_bits().to_le_bytes());
+        for j in 0..QK / 2 {
+            let q0 = (((xb[j] - min) * id + 0.5) as i8).min(15) as u8;
+            let q1 = (((xb[j + QK / 2] - min) * id + 0.5) as i8).min(15) as u8;
+            blk[4 + j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+/// Bytes of a column of `k` elements packed by [`quantize_col`].
+pub(crate) fn col_bytes(k: usize) -> usize {
+    k / QK * (QK + 8)
+}
+
+/// `cvtps2dq` on an already integral value: out-of-range and NaN give `i32::MIN`.
+#[inline]
+fn cvt_i32(v: f32) -> i32 {
+    if v.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&v) {
+        i32::MIN
+    } else {
+        v as i32
+    }
+}
+
+/// Quantize `x` (a multiple of 32 long) by ggml's x86 rule (module docs) into the packed
+/// column layout: `nb · 32` quants, `nb` f32 scales, `nb` f32 sums.
+///
+/// Portable code only: one column is a few hundred to a few thousand floats, quantized
+/// once per product, so this is a small serial part even of a decode step.
+pub(crate) fn quantize_col(x: &[f32], out: &mut [u8]) {
+    let nb = x.len() / QK;
+    assert!(
+        out.len() >= col_bytes(x.len()),
+        "quantize_col: short output (a kernel bug)"
+    );
+    let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
+    let (ds, ss) = rest.split_at_mut(nb * 4);
+    for (b, (xb, q)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in q.iter_mut().zip(xb) {
+            let i = cvt_i32((v * id).round_ties_even());
+            sum = sum.wrapping_add(i);
+            *q = i.clamp(-128, 127) as i8 as u8;
+        }
+        let dh = f16::from_f32(d).to_f32();
+        let sh = f16::from_f32(d * sum as f32).to_f32();
+        ds[4 * b..4 * b + 4].copy_from_slice(&dh.to_le_bytes());
+        ss[4 * b..4 * b + 4].copy_from_slice(&sh.to_le_bytes());
+    }
+}
+
+/// ggml's `hsum_float_8` order.
+#[inline]
+fn hsum8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// The four-byte lane sums of one block as `maddubs` + `madd` give them for signed bytes
+/// (`sign` trick included: `|x|` as unsigned, `y` negated where `x < 0`, pairs saturated to
+/// i16), so the portable kernel matches the AVX2 one even on bytes that never come out of
+/// the quantizer (−128).
+#[inline]
+fn lanes_i8(x: &[u8], y: &[u8]) -> [i32; 8] {
+    let p = |j: usize| {
+        let (a, b) = (x[j] as i8, y[j] as i8);
+        let sy = match a.signum() {
+            -1 => b.wrapping_neg(),
+            0 => 0,
+            _ => b,
+        };
+        i32::from(a.unsigned_abs()) * i32::from(sy)
+    };
+    let pair = |j: usize| (p(j) + p(j + 1)).clamp(-32768, 32767);
+    std::array::from_fn(|l| pair(4 * l) + pair(4 * l + 2))
+}
+
+/// One `q4_1` row against a packed column, portable, in the module's order.
+fn dot_q4_1_scalar(row: &[u8], col: &[u8], nb: usize) -> f32 {
+    let (qs, rest) = col.split_at(nb * QK);
+    let (ds, ss) = rest.split_at(nb * 4);
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (b, (blk, q)) in row
+        .chunks_exact(Q4_1_BYTES)
+        .zip(qs.chunks_exact(QK))
+        .enumerate()
+        .take(nb)
+    {
+        summs = half_at(blk, 2).mul_add(f32_at(ss, b), summs);
+        let d = half_at(blk, 0) * f32_at(ds, b);
+        let nib = |j: usize| {
+            if j < 16 {
+                blk[4 + j] & 0x0f
+            } else {
+                blk[4 + j - 16] >> 4
+            }
+        };
+        for (l, a) in acc.iter_mut().enumerate() {
+            let s: i32 = (4 * l..4 * l + 4)
+                .map(|j| i32::from(nib(j)) * i32::from(q[j] as i8))
+                .sum();
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum8(acc) + summs
+}
+
+/// One `q8_0` row against a packed column, portable, in the module's order.
+fn dot_q8_0_scalar(row: &[u8], col: &[u8], nb: usize) -> f32 {
+    let (qs, rest) = col.split_at(nb * QK);
+    let ds = &rest[..nb * 4];
+    let mut acc = [0.0f32; 8];
+    for (b, (blk, q)) in row
+        .chunks_exact(Q8_0_BYTES)
+        .zip(qs.chunks_exact(QK))
+        .enumerate()
+        .take(nb)
+    {
+        let d = half_at(blk, 0) * f32_at(ds, b);
+        let lanes = lanes_i8(&blk[2..], q);
+        for (a, &s) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum8(acc)
+}
+
+/// `out[c][r]` = weight row `rows[r]` (of `kind`) dotted with the packed column `cols[c]`
+/// (all columns the same length, every row holding as many blocks).
+///
+/// Several rows and columns per call let the kernel load each column block once for `R`
+/// rows and unpack each weight block once for `NC` columns; results do not depend on `R`,
+/// `NC` or the other rows and columns (module docs).
+pub(crate) fn dot_rows<const R: usize, const NC: usize>(
+    isa: crate::quant::Isa,
+    kind: WeightKind,
+    rows: [&[u8]; R],
+    cols: [&[u8]; NC],
+) -> [[f32; R]; NC] {
+    let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
+    assert!(
+        cols.iter().all(|c| c.len() == nb * (QK + 8))
+            && rows.iter().all(|r| r.len() >= nb * kind.block_bytes()),
+        "qdot::dot_rows: short row or column (a kernel bug)"
+    );
+    match isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        crate::quant::Isa::Avx2 | crate::quant::Isa::Avx512 if x86::available() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked in the guard); every row holds
+            // `nb` blocks of `kind` and every column is a packed column of `nb` blocks
+            // (asserted above).
+            unsafe {
+                match kind {
+                    WeightKind::Q4_1 => x86::q4_1_rows(rows, cols, nb),
+                    WeightKind::Q8_0 => x86::q8_0_rows(rows, cols, nb),
+                }
+            }
+        }
+        _ => cols.map(|c| {
+            rows.map(|r| match kind {
+                WeightKind::Q4_1 => dot_q4_1_scalar(r, c, nb),
+                WeightKind::Q8_0 => dot_q8_0_scalar(r, c, nb),
+            })
+        }),
+    }
+}
+
+/// The AVX2 kernels (intrinsics), chosen at run time: the crate is built for baseline
+/// x86-64. They do the portable kernels' operations in the same order.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{Q4_1_BYTES, Q8_0_BYTES, QK};
+
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+
+    /// Pointers to the three parts of a packed column of `nb` blocks.
+    #[derive(Copy, Clone)]
+    struct Col {
+        qs: *const u8,
+        ds: *const f32,
+        ss: *const f32,
+    }
+
+    fn col(c: &[u8], nb: usize) -> Col {
+        let (qs, rest) = c.split_at(nb * QK);
+        let (ds, ss) = rest.split_at(nb * 4);
+        Col {
+            qs: qs.as_ptr(),
+            ds: ds.as_ptr().cast(),
+            ss: ss.as_ptr().cast(),
+        }
+    }
+
+    /// ggml's `hsum_float_8`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let r = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+    }
+
+    /// The two halves at `p` and `p + 2` as f32 (one F16C conversion).
+    ///
+    /// # Safety
+    /// `p .. p + 4` must be readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn two_halves(p: *const u8) -> (f32, f32) {
+        // SAFETY: four bytes at `p` are readable (caller's contract).
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+            p.cast::<i32>().read_unaligned()
+        }));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
+
+    /// The half at `p` as f32.
+    ///
+    /// # Safety
+    /// `p .. p + 2` must be readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn one_half(p: *const u8) -> f32 {
+        // SAFETY: two bytes at `p` are readable (caller's contract).
+        let h = unsafe { p.cast::<u16>().read_unaligned() };
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+
+    /// `q4_1` rows against packed columns (see `super::dot_q4_1_scalar` for the order).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; every row holds `nb` `q4_1` blocks, every column is a packed
+    /// column of `nb` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1_rows<const R: usize, const NC: usize>(
+        rows: [&[u8]; R],
+        cols: [&[u8]; NC],
+        nb: usize,
+    ) -> [[f32; R]; NC] {
+        let rp = rows.map(<[u8]>::as_ptr);
+        let cp = cols.map(|c| col(c, nb));
+        let ones = _mm256_set1_epi16(1);
+        let mask = _mm256_set1_epi8(0x0f);
+        let mut acc = [[_mm256_setzero_ps(); R]; NC];
+        let mut summs = [[0.0f32; R]; NC];
+        for b in 0..nb {
+            let off = b * Q4_1_BYTES;
+            // SAFETY: block b of every row (20 bytes at `off`) and of every column (32
+            // quants, one scale, one sum) is inside them (caller's contract).
+            unsafe {
+                let x: [__m256i; R] = std::array::from_fn(|r| {
+                    let q = _mm_loadu_si128(rp[r].add(off + 4).cast());
+                    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+                    _mm256_and_si256(both, mask)
+                });
+                let dm: [(f32, f32); R] = std::array::from_fn(|r| two_halves(rp[r].add(off)));
+                for (c, cc) in cp.iter().enumerate() {
+                    let qy = _mm256_loadu_si256(cc.qs.add(QK * b).cast());
+                    let da = cc.ds.add(b).read_unaligned();
+                    let sa = cc.ss.add(b).read_unaligned();
+                    for r in 0..R {
+                        summs[c][r] = dm[r].1.mul_add(sa, summs[c][r]);
+                        let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(
+                            ones,
+                            _mm256_maddubs_epi16(x[r], qy),
+                        ));
+                        let d = _mm256_set1_ps(dm[r].0 * da);
+                        acc[c][r] = _mm256_fmadd_ps(d, lanes, acc[c][r]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0f32; R]; NC];
+        for c in 0..NC {
+            for r in 0..R {
+                out[c][r] = hsum(acc[c][r]) + summs[c][r];
+            }
+        }
+        out
+    }
+
+    /// `q8_0` rows against packed columns (see `super::dot_q8_0_scalar`).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; every row holds `nb` `q8_0` blocks, every column is a packed
+    /// column of `nb` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_rows<const R: usize, const NC: usize>(
+        rows: [&[u8]; R],
+        cols: [&[u8]; NC],
+        nb: usize,
+    ) -> [[f32; R]; NC] {
+        let rp = rows.map(<[u8]>::as_ptr);
+        let cp = cols.map(|c| col(c, nb));
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); R]; NC];
+        for b in 0..nb {
+            let off = b * Q8_0_BYTES;
+            // SAFETY: block b of every row (34 bytes at `off`) and of every column is inside
+            // them (caller's contract).
+            unsafe {
+                let x: [__m256i; R] =
+                    std::array::from_fn(|r| _mm256_loadu_si256(rp[r].add(off + 2).cast()));
+                let ax: [__m256i; R] = std::array::from_fn(|r| _mm256_sign_epi8(x[r], x[r]));
+                let dw: [f32; R] = std::array::from_fn(|r| one_half(rp[r].add(off)));
+                for (c, cc) in cp.iter().enumerate() {
+                    let qy = _mm256_loadu_si256(cc.qs.add(QK * b).cast());
+                    let da = cc.ds.add(b).read_unaligned();
+                    for r in 0..R {
+                        let sy = _mm256_sign_epi8(qy, x[r]);
+                        let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(
+                            ones,
+                            _mm256_maddubs_epi16(ax[r], sy),
+                        ));
+                        let d = _mm256_set1_ps(dw[r] * da);
+                        acc[c][r] = _mm256_fmadd_ps(d, lanes, acc[c][r]);
+                    }
+                }
+            }
+        }
+        let mut out = [[0.0f32; R]; NC];
+        for c in 0..NC {
+            for r in 0..R {
+                out[c][r] = hsum(acc[c][r]);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Isa;
+
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The quantizer, written out from the rule (not from the code above): quants, scale
+    /// and sum of a block with exact ties.
+    #[test]
+    fn quantize_col_follows_the_x86_rule() {
+        // amax 127: id = 1, so x.5 values are exact ties (to even).
+        let mut x = vec![0.0f32; QK];
+        let vals = [127.0, -127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.49, -3.51];
+        x[..vals.len()].copy_from_slice(&vals);
+        let mut out = vec![0u8; col_bytes(QK)];
+        quantize_col(&x, &mut out);
+        let q: Vec<i8> = out[..QK].iter().map(|&b| b as i8).collect();
+        assert_eq!(&q[..10], &[127, -127, 0, 2, 2, 0, -2, -2, 3, -4]);
+        assert_eq!(f32_at(&out[QK..], 0), 1.0);
+        let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+        assert_eq!(
+            f32_at(&out[QK + 4..], 0),
+            f16::from_f32(sum as f32).to_f32()
+        );
+        // All zero: d = 0, id = 0, quants 0.
+        let mut z = vec![1u8; col_bytes(QK)];
+        quantize_col(&[0.0; QK], &mut z);
+        assert!(z[..QK].iter().all(|&b| b == 0));
+        assert_eq!(f32_at(&z[QK..], 0), 0.0);
+        // id = 127/amax, not 1/d: amax = 0.3 gives 127/0.3 and 1/(0.3/127) that differ.
+        let amax = 0.3f32;
+        let xs: Vec<f32> = (0..QK).map(|i| amax * i as f32 / 31.0).collect();
+        quantize_col(&xs, &mut out);
+        for (i, &v) in xs.iter().enumerate() {
+            assert_eq!(out[i] as i8, (v * (127.0 / amax)).round_ties_even() as i8);
+        }
+    }
+
+    fn naive(kind: WeightKind, row: &[u8], col: &[u8], nb: usize) -> (f64, f64) {
+        // Dequantize both sides exactly (f64) and sum.
+        let (qs, rest) = col.split_at(nb * QK);
+        let (ds, ss) = rest.split_at(nb * 4);
+        let mut sum = 0.0f64;
+        let mut abs = 0.0f64;
+        for b in 0..nb {
+            let da = f64::from(f32_at(ds, b));
+            let blk = &row[b * kind.block_bytes()..];
+            for j in 0..QK {
+                let y = f64::from(qs[b * QK + j] as i8) * da;
+                let w = match kind {
+                    WeightKind::Q4_1 => {
+                        let n = if j < 16 {
+                            blk[4 + j] & 15
+                        } else {
+                            blk[4 + j - 16] >> 4
+                        };
+                        f64::from(n) * f64::from(half_at(blk, 0))
+                    }
+                    WeightKind::Q8_0 => f64::from(blk[2 + j] as i8) * f64::from(half_at(blk, 0)),
+                };
+                sum += w * y;
+                abs += (w * y).abs();
+            }
+            if kind == WeightKind::Q4_1 {
+                let t = f64::from(half_at(blk, 2)) * f64::from(f32_at(ss, b));
+                sum += t;
+                abs += t.abs();
+            }
+        }
+        (sum, abs)
+    }
+
+    #[test]
+    fn dots_match_naive_sums_and_agree_across_levels_and_groupings() {
+        let nbs: &[usize] = if cfg!(miri) { &[1, 2] } else { &[1, 3, 18, 48] };
+        for kind in [WeightKind::Q4_1, WeightKind::Q8_0] {
+            for &nb in nbs {
+                let k = nb * QK;
+                let rows: Vec<Vec<u8>> = (0..4u64)
+                    .map(|r| {
+                        let mut v = vec![0u8; nb * kind.block_bytes()];
+                        let x = values(r + 3, k);
+                        match kind {
+                            WeightKind::Q4_1 => quantize_q4_1(&x, &mut v),
+                            WeightKind::Q8_0 => {
+                                crate::quant::quantize_q8_0(&x, &mut v);
+                            }
+                        }
+                        v
+                    })
+                    .collect();
+                let cols: Vec<Vec<u8>> = (0..3u64)
+                    .map(|c| {
+                        let mut v = vec![0u8; col_bytes(k)];
+                        quantize_col(&values(c + 50, k), &mut v);
+                        v
+                    })
+                    .collect();
+                let rr: [&[u8]; 4] = std::array::from_fn(|j| &rows[j][..]);
+                let cc: [&[u8]; 3] = std::array::from_fn(|j| &cols[j][..]);
+                let base = dot_rows(Isa::Scalar, kind, rr, cc);
+                for (c, col) in cols.iter().enumerate() {
+                    for (r, row) in rows.iter().enumerate() {
+                        let (want, abs) = naive(kind, row, col, nb);
+                        let got = f64::from(base[c][r]);
+                        assert!((got - want).abs() <= 1e-5 * abs.max(1e-30), "{kind:?} {nb}");
+                    }
+                }
+                for isa in Isa::available() {
+                    let got = dot_rows(isa, kind, rr, cc);
+                    assert_eq!(got, base, "{isa:?} {kind:?} nb={nb}");
+                    // One row, one column at a time: the same bits.
+                    for c in 0..3 {
+                        for r in 0..4 {
+                            let [[one]] = dot_rows(isa, kind, [rr[r]], [cc[c]]);
+                            assert_eq!(one.to_bits(), base[c][r].to_bits());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q4_1_round_trip_is_within_one_step() {
+        let x = values(9, 4 * QK);
+        let mut q = vec![0u8; 4 * Q4_1_BYTES];
+        quantize_q4_1(&x, &mut q);
+        let mut y = vec![0.0f32; x.len()];
+        dequantize_q4_1(&q, &mut y);
+        for (b, blk) in q.chunks_exact(Q4_1_BYTES).enumerate() {
+            let d = half_at(blk, 0);
+            for j in 0..QK {
+                let (a, c) = (x[b * QK + j], y[b * QK + j]);
+                assert!((a - c).abs() <= d * 0.5 + 2e-3, "{a} vs {c} (d {d})");
+            }
+        }
+    }
+}
