@@ -393,7 +393,16 @@ fn llm_example(example: &str, args: &[String]) -> Result {
         cmd.env("LLM_MODEL_PATH", dir.join(python::SMOLLM2_FILE));
     }
     run(cmd
-        .args(["run", "--release", "-q", "-p", "llm", "--example", example, "--"])
+        .args([
+            "run",
+            "--release",
+            "-q",
+            "-p",
+            "llm",
+            "--example",
+            example,
+            "--",
+        ])
         .args(args))
 }
 

@@ -140,8 +140,16 @@ fn run(a: &Args) -> llm::Result<()> {
             }
         }
     }
-    let (ppm, pps) = if pp.is_empty() { (0.0, 0.0) } else { mean_sd(&pp) };
-    let (tgm, tgs) = if tg.is_empty() { (0.0, 0.0) } else { mean_sd(&tg) };
+    let (ppm, pps) = if pp.is_empty() {
+        (0.0, 0.0)
+    } else {
+        mean_sd(&pp)
+    };
+    let (tgm, tgs) = if tg.is_empty() {
+        (0.0, 0.0)
+    } else {
+        mean_sd(&tg)
+    };
     if a.json {
         let mut parts = Vec::new();
         if a.p > 0 {
@@ -153,7 +161,12 @@ fn run(a: &Args) -> llm::Result<()> {
         println!("{{{}}}", parts.join(", "));
         return Ok(());
     }
-    println!("model: {}  threads: {}  repetitions: {}", path.display(), a.t, a.r);
+    println!(
+        "model: {}  threads: {}  repetitions: {}",
+        path.display(),
+        a.t,
+        a.r
+    );
     if a.p > 0 {
         println!("pp{:<5} {ppm:10.2} ± {pps:.2} t/s", a.p);
     }
@@ -166,7 +179,10 @@ fn run(a: &Args) -> llm::Result<()> {
             + us(tg_timings.inputs)
             + us(tg_timings.compute)
             + us(tg_timings.readback);
-        println!("a tg step, mean over {} steps: {total:.0} µs", tg_timings.steps);
+        println!(
+            "a tg step, mean over {} steps: {total:.0} µs",
+            tg_timings.steps
+        );
         for (what, d) in [
             ("graph build", tg_timings.build),
             ("scheduling (split, assign, alloc)", tg_timings.schedule),
@@ -174,7 +190,11 @@ fn run(a: &Args) -> llm::Result<()> {
             ("compute", tg_timings.compute),
             ("logits readback", tg_timings.readback),
         ] {
-            println!("  {what:<36} {:8.1} µs  {:5.1}%", us(d), 100.0 * us(d) / total);
+            println!(
+                "  {what:<36} {:8.1} µs  {:5.1}%",
+                us(d),
+                100.0 * us(d) / total
+            );
         }
         if !tg_timings.ops.is_empty() {
             let op_total: f64 = tg_timings.ops.iter().map(|o| us(o.1)).sum();
@@ -215,8 +235,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
     let args = match parse() {

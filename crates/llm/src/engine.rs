@@ -298,7 +298,7 @@ impl Llama {
                     st.started = Some(Instant::now());
                 } else {
                     let dt = st.started.take().map(|s| s.elapsed()).unwrap_or_default();
-                    let name = ctx.get(t).map(|t| op_name(t.op())).unwrap_or_default();
+                    let name = op_name(ctx, t);
                     let e = st.per_op.entry(name).or_default();
                     e.0 += dt;
                     e.1 += 1;
@@ -493,9 +493,17 @@ impl Llama {
     }
 }
 
-fn op_name(op: Op) -> String {
-    match op {
+/// The op's name, with the weight type for matrix products (`MUL_MAT(q4_1)`).
+fn op_name(ctx: &Context, t: TensorId) -> String {
+    let Ok(tensor) = ctx.get(t) else {
+        return String::new();
+    };
+    match tensor.op() {
         Op::Unary(u) => format!("UNARY({u:?})"),
+        Op::MulMat => {
+            let ty = tensor.src(0).and_then(|s| ctx.get(s).ok()).map(|s| s.ty());
+            format!("MUL_MAT({})", ty.map_or("?", |t| t.name()))
+        }
         op => op.name().to_owned(),
     }
 }

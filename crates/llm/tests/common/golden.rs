@@ -66,7 +66,11 @@ pub struct Outcome {
 
 fn top5(logits: &[f32]) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
-    ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    ids.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
     ids.truncate(5);
     ids
 }
