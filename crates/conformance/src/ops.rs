@@ -184,6 +184,13 @@ enum Fill {
     Uniform(f32, f32),
     /// Integers in [0, n).
     Index(u32),
+    /// A causal attention mask `[n_kv, rows]`: 0 where cell `c <= past + row`, else −∞.
+    Causal {
+        /// Cells per row.
+        n_kv: u32,
+        /// Cells before the first row's own.
+        past: u32,
+    },
 }
 
 struct Built {
@@ -450,16 +457,93 @@ fn cases() -> Vec<Spec> {
         one(vec![(x, U)], y)
     }));
     quantized_cases(&mut v);
+    llama_cases(&mut v);
     large_cases(&mut v);
     v
+}
+
+/// The shapes of a llama decode step (SmolLM2-135M: head dim 64, 9 query heads over 3 KV
+/// heads, F16 KV cache): normal-mode RoPE with freq base 100000 on `[64, heads, tokens]`,
+/// K/V written into F16 cache views (V transposed: a strided destination), `K·Q` with the
+/// query heads broadcast over the KV heads (GQA), SOFT_MAX with scale 0.125 and a causal
+/// F32 mask of −∞ entries broadcast over the heads, `V·P`, and the heads merged by PERMUTE
+/// + CONT.
+fn llama_cases(v: &mut Vec<Spec>) {
+    use ElementType::{F16, F32, I32};
+    let p = graph::RopeParams {
+        freq_base: 100_000.0,
+        ..Default::default()
+    };
+    v.push(spec(
+        "x=[64,9,5] f32 pos=[5] n_dims=64 normal base=1e5 (llama)",
+        move |c| {
+            let x = c.new_tensor(F32, &[64, 9, 5])?;
+            let pos = c.new_tensor(I32, &[5])?;
+            let y = c.rope_ext(x, pos, 64, rope_mode::NORMAL, p)?;
+            one(vec![(x, U), (pos, Fill::Index(512))], y)
+        },
+    ));
+    v.push(spec(
+        "[192,3] f32 -> view(cells 5..8 of [192,32]) f16 (llama K cache)",
+        |c| {
+            let cache = c.new_tensor(F16, &[192, 32])?;
+            let nb1 = c[cache].nb()[1];
+            let dst = c.view_2d(cache, 192, 3, nb1, 5 * nb1)?;
+            let k = c.new_tensor(F32, &[192, 3])?;
+            let y = c.cpy(k, dst)?;
+            one(vec![(k, U), (cache, U)], y)
+        },
+    ));
+    v.push(spec(
+        "transpose([192,3]) f32 -> view(columns 5..8 of [32,192]) f16 (llama V cache)",
+        |c| {
+            let cache = c.new_tensor(F16, &[32, 192])?;
+            let nb1 = c[cache].nb()[1];
+            let dst = c.view_2d(cache, 3, 192, nb1, 5 * 2)?;
+            let x = c.new_tensor(F32, &[192, 3])?;
+            let xt = c.transpose(x)?;
+            let y = c.cpy(xt, dst)?;
+            one(vec![(x, U), (cache, U)], y)
+        },
+    ));
+    for n in [1i64, 4] {
+        v.push(spec(
+            format!("attention n_kv=32 tokens={n} heads=9 kv_heads=3 f16 cache (llama GQA)"),
+            move |c| {
+                let kc = c.new_tensor(F16, &[192, 32])?;
+                let vc = c.new_tensor(F16, &[32, 192])?;
+                let q = c.new_tensor(F32, &[64, 9, n])?;
+                let mask = c.new_tensor(F32, &[32, n])?;
+                let (kb, vb) = (c[kc].nb(), c[vc].nb());
+                let k = c.view_3d(kc, 64, 32, 3, kb[1], 128, 0)?;
+                let vv = c.view_3d(vc, 32, 64, 3, vb[1], vb[1] * 64, 0)?;
+                let qp = c.permute(q, [0, 2, 1, 3])?;
+                let kq = c.mul_mat(k, qp)?;
+                let pr = c.soft_max_ext(kq, Some(mask), 0.125, 0.0)?;
+                let kqv = c.mul_mat(vv, pr)?;
+                let merged = c.permute(kqv, [0, 2, 1, 3])?;
+                let out = c.cont(merged)?;
+                Ok(Built {
+                    inputs: vec![
+                        (kc, U),
+                        (vc, U),
+                        (q, U),
+                        (mask, Fill::Causal { n_kv: 32, past: 20 }),
+                    ],
+                    out,
+                    flops: Some(2.0 * 2.0 * 64.0 * 32.0 * 9.0 * n as f64),
+                })
+            },
+        ));
+    }
 }
 
 /// Block-quantized weights (and bf16): made inside the graph by a CPY from f32, since the
 /// generator writes per-element values only. The CPY node itself is not compared (block
 /// bytes have no per-element value); the product or row lookup using it is.
 fn quantized_cases(v: &mut Vec<Spec>) {
-    use ElementType::{BF16, F32, I32, Q4_0, Q8_0};
-    for ty in [Q8_0, Q4_0, BF16] {
+    use ElementType::{BF16, F32, I32, Q4_0, Q4_1, Q8_0};
+    for ty in [Q8_0, Q4_0, Q4_1, BF16] {
         for (ane, bne, what) in [
             ([64i64, 16, 1, 1], [64i64, 3, 1, 1], "thin"),
             ([64, 16, 2, 1], [64, 20, 2, 1], "wide"),
@@ -756,9 +840,17 @@ fn run_case(
     for &(t, fill) in &b.inputs {
         let n = ctx[t].nelements() as usize;
         let vals: Vec<f32> = (0..n)
-            .map(|_| match fill {
+            .map(|i| match fill {
                 Fill::Uniform(lo, hi) => rng.uniform(lo, hi),
                 Fill::Index(k) => rng.uniform(0.0, k as f32).floor().min(k as f32 - 1.0),
+                Fill::Causal { n_kv, past } => {
+                    let (row, c) = (i / n_kv as usize, i % n_kv as usize);
+                    if c <= past as usize + row {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }
             })
             .collect();
         if let Err(e) = write_values(ctx, t, &vals) {

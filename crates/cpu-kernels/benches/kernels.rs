@@ -2,6 +2,9 @@
 //! weights, and a 512-token prompt batch with q4_0 weights) in GFLOP/s (criterion's
 //! "elem/s" = FLOP/s), elementwise ADD in GB/s (also in place), GELU_ERF in elements/s.
 //!
+//! `bench_llama` adds SmolLM2-135M's shapes (q4_1 decode step, q8_0 output head, q4_1
+//! prompts).
+//!
 //! `cargo bench -p cpu-kernels --bench kernels`; `BENCH_LARGE=1` adds MUL_MAT 4096³ f32,
 //! `BENCH_THREADS=N` uses N threads instead of 2.
 //!
@@ -113,7 +116,77 @@ fn bench_mul_mat(c: &mut Criterion) {
             })
         });
     }
+    bench_llama(&cpu, &mut group);
     group.finish();
+}
+
+/// SmolLM2-135M's products (`llm` crate, `llama-decode` spec §2): `q4_1_llama_30_layers_x1`
+/// is the thirty blocks' seven q4_1 products of one decode step (576 → 576, 192, 192, 576,
+/// 1536, 1536; 1536 → 576) on distinct weights, 66 MB streamed per call as in a real step;
+/// `q8_0_576x49152_x1` the tied output head (28 MB); then one block's largest product with
+/// a 64- and a 512-token prompt. Throughput: bytes of weights (GB/s) for the decode shapes,
+/// FLOP/s for the prompts.
+fn bench_llama(
+    cpu: &CpuCompute,
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+) {
+    let shapes = [
+        (576, 576),
+        (576, 192),
+        (576, 192),
+        (576, 576),
+        (576, 1536),
+        (576, 1536),
+        (1536, 576),
+    ];
+    let mut ctx = Context::new();
+    let mut ids = Vec::new();
+    let mut outs = Vec::new();
+    let mut weight_bytes = 0;
+    for _ in 0..30 {
+        for (k, m) in shapes {
+            let w = ctx.new_tensor_2d(ElementType::Q4_1, k, m).unwrap();
+            let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
+            let y = ctx.mul_mat(w, x).unwrap();
+            weight_bytes += ctx[w].nbytes();
+            ids.extend([w, x, y]);
+            outs.push(y);
+        }
+    }
+    let mut g = Graph::new(512);
+    for &y in &outs {
+        g.build_forward_expand(&mut ctx, y).unwrap();
+    }
+    let buf = alloc(&mut ctx, &ids);
+    let s = Setup { ctx, g, _buf: buf };
+    group.throughput(Throughput::Bytes(weight_bytes as u64));
+    group.bench_function("q4_1_llama_30_layers_x1", |b| {
+        timed(b, || {
+            black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap())
+        })
+    });
+    drop(s);
+    let head = mul_mat(ElementType::Q8_0, 576, 49152, 1);
+    group.throughput(Throughput::Bytes(
+        head.ctx[head.g.nodes()[0]]
+            .src(0)
+            .map_or(0, |w| head.ctx[w].nbytes()) as u64,
+    ));
+    group.bench_function("q8_0_576x49152_x1", |b| {
+        timed(b, || {
+            black_box(cpu.compute(&head.ctx, head.g.as_view(), None).unwrap())
+        })
+    });
+    drop(head);
+    for n in [64, 512] {
+        let s = mul_mat(ElementType::Q4_1, 576, 1536, n);
+        group.throughput(Throughput::Elements((2 * 576 * 1536 * n) as u64));
+        group.bench_function(format!("q4_1_576x1536_x{n}"), |b| {
+            timed(b, || {
+                black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap())
+            })
+        });
+    }
 }
 
 /// Read streams per thread in the read baseline. On this machine kind (Zen 3, 2 cores) one

@@ -277,7 +277,7 @@ impl Exec<'_> {
                     UnaryOp::Relu => self.map(&dst, &a, |x| if x > 0.0 { x } else { 0.0 }),
                     UnaryOp::Sigmoid => self.map(&dst, &a, |x| 1.0 / (1.0 + (-x).exp())),
                     UnaryOp::Gelu => self.map(&dst, &a, gelu_tanh),
-                    UnaryOp::Silu => self.map(&dst, &a, |x| x / (1.0 + (-x).exp())),
+                    UnaryOp::Silu => self.map_slice(&dst, &a, crate::gexp::silu_slice),
                     UnaryOp::Exp => self.map(&dst, &a, f32::exp),
                     UnaryOp::GeluErf => self.map_slice(&dst, &a, crate::math::gelu_erf_slice),
                     _ => Err(unsupported(ctx, id)),
@@ -398,7 +398,8 @@ impl Exec<'_> {
                 let x = grow(&mut ts.a, ne0);
                 a.load_f32(0, i1, i2, i3, x);
                 if rms {
-                    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    // ggml squares in f32 and sums the rounded squares in f64.
+                    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
                     let mean = (sum / ne0 as f64) as f32;
                     let s = 1.0 / (mean + eps).sqrt();
                     x.iter_mut().for_each(|v| *v *= s);
@@ -456,16 +457,17 @@ impl Exec<'_> {
                 if let Some(m) = mask {
                     let mv = grow(&mut ts.b, ne0);
                     m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
-                    for (v, &w) in x.iter_mut().zip(mv.iter()) {
-                        *v += slope * w;
+                    if slope == 1.0 {
+                        x.iter_mut().zip(mv.iter()).for_each(|(v, &w)| *v += w);
+                    } else {
+                        // ggml's `wp[i] += slope*mp[i]` is compiled to a fused multiply-add.
+                        x.iter_mut()
+                            .zip(mv.iter())
+                            .for_each(|(v, &w)| *v = slope.mul_add(w, *v));
                     }
                 }
                 let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let mut sum = 0.0f64;
-                for v in x.iter_mut() {
-                    *v = (*v - max).exp();
-                    sum += f64::from(*v);
-                }
+                let sum = crate::gexp::soft_max_exp_sum(x, max);
                 let inv = (1.0 / sum) as f32;
                 x.iter_mut().for_each(|v| *v *= inv);
                 dst.store_f32(0, i1, i2, i3, x);
@@ -704,7 +706,9 @@ impl Exec<'_> {
             let packed = grow(&mut self.scratch.shared_f32, ncols * k);
             for c in 0..ncols {
                 let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
-                b.load_f32(0, j, i2, i3, &mut packed[c * k..(c + 1) * k]);
+                let col = &mut packed[c * k..(c + 1) * k];
+                b.load_f32(0, j, i2, i3, col);
+                round_to_weight_type(a.ty, col);
             }
         }
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
@@ -820,12 +824,15 @@ impl Exec<'_> {
         }
         let mblocks = m.div_ceil(mc);
         // src1 as a gemm operand: directly, or packed dense per batch.
-        let direct_b = b.f32_matrix(0, 0).is_some();
+        let direct_b =
+            b.f32_matrix(0, 0).is_some() && !matches!(a.ty, ElementType::F16 | ElementType::BF16);
         if !direct_b {
             let packed = grow(&mut self.scratch.shared_f32, n_batch * n * k);
             for c in 0..n_batch * n {
                 let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
-                b.load_f32(0, j, i2, i3, &mut packed[c * k..(c + 1) * k]);
+                let col = &mut packed[c * k..(c + 1) * k];
+                b.load_f32(0, j, i2, i3, col);
+                round_to_weight_type(a.ty, col);
             }
         }
         let packed = &self.scratch.shared_f32[..if direct_b { 0 } else { n_batch * n * k }];
@@ -839,7 +846,7 @@ impl Exec<'_> {
                 let dm = dst
                     .f32_matrix(i2, i3)
                     .ok_or_else(|| BackendError::failed("CPU", "mul_mat: misaligned result"))?;
-                let bm = match b.f32_matrix(i2, i3) {
+                let bm = match b.f32_matrix(i2, i3).filter(|_| direct_b) {
                     Some(x) => x,
                     None => MatF32::from_slice(&packed[batch * n * k..(batch + 1) * n * k], k, n),
                 };
@@ -997,6 +1004,23 @@ fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
         ElementType::Q8_0 => quant::dequantize_q8_0(bytes, out),
         ElementType::Q4_1 => qdot::dequantize_q4_1(bytes, out),
         _ => quant::dequantize_q4_0(bytes, out),
+    }
+}
+
+/// Round a column of `src1` to f16 or bf16 when the weights are of that type: ggml converts
+/// `src1` to the weights' `vec_dot_type` (f16 for f16, bf16 for bf16) before its dot
+/// products, so a product with f16 weights (the attention's `K·Q` and `V·P` over an f16 KV
+/// cache) sees the column rounded to nearest even. Products of those values are exact in
+/// f32, so only the summation order is left to differ from ggml.
+fn round_to_weight_type(ty: ElementType, col: &mut [f32]) {
+    match ty {
+        ElementType::F16 => col
+            .iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        ElementType::BF16 => col
+            .iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+        _ => {}
     }
 }
 

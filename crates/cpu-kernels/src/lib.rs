@@ -23,7 +23,10 @@
 //! table indexed by x rounded to f16, so the two differ by at most that rounding's effect.
 //! GELU_ERF is evaluated branch-free in f64 (a fitted `erfc` form, see `math`), so it
 //! vectorises; results are within about one f32 ulp of the exact function.
-//! Row reductions (norms, softmax sums) accumulate in f64 like ggml's `ggml_float`.
+//! Row reductions (norms, softmax sums) accumulate in f64 like ggml's `ggml_float`; RMS_NORM
+//! sums the f32-rounded squares, as ggml does. SILU and SOFT_MAX's exponentials use ggml's
+//! vector `exp` polynomial lane for lane (module `gexp`), not libm, so a llama decode step
+//! matches llama.cpp's to the bit in those ops.
 //!
 //! # Design choices
 //!
@@ -137,6 +140,7 @@
 //! ```
 
 mod exec;
+mod gexp;
 mod math;
 mod mem;
 mod pool;

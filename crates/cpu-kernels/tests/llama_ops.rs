@@ -182,3 +182,233 @@ fn get_rows_dequantizes_q4_1_and_q8_0_exactly() {
         }
     }
 }
+
+/// RMS_NORM as ggml computes it: the f32-rounded squares summed in f64, `mean` rounded to
+/// f32, `x · (1/sqrtf(mean + eps))` — bit for bit, then MUL by a broadcast weight row.
+#[test]
+fn rms_norm_and_weight_are_ggml_bit_for_bit() {
+    let eps = f32::from_bits(0x3727_c5ac);
+    for &nth in THREADS {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor_2d(T::F32, 576, 5).unwrap();
+        let w = ctx.new_tensor_1d(T::F32, 576).unwrap();
+        let n = ctx.rms_norm(x, eps).unwrap();
+        let y = ctx.mul(n, w).unwrap();
+        let g = graph_of(&mut ctx, &[y]);
+        let _buf = alloc_all(&mut ctx);
+        let mut rng = Rng::new(3);
+        fill(&ctx, x, &mut rng);
+        fill(&ctx, w, &mut rng);
+        compute(&ctx, &g, nth);
+        let (vx, vw) = (f32s(&bytes(&ctx, x)), f32s(&bytes(&ctx, w)));
+        let out = f32s(&bytes(&ctx, y));
+        for (r, row) in vx.chunks_exact(576).enumerate() {
+            let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+            let mean = (sum / 576.0) as f32;
+            let scale = 1.0 / (mean + eps).sqrt();
+            for (i, &v) in row.iter().enumerate() {
+                let want = (v * scale) * vw[i];
+                assert_eq!(out[r * 576 + i].to_bits(), want.to_bits(), "row {r} el {i}");
+            }
+        }
+    }
+}
+
+/// ROPE in llama's normal mode: adjacent pairs, one position per token, `θ_0 = pos`,
+/// `θ_{i+1} = θ_i · base^(−2/n_dims)` in f32, `cosf`/`sinf`, freq base 100000; heads are
+/// rotated alike, bit for bit.
+#[test]
+fn rope_normal_mode_is_ggml_bit_for_bit() {
+    let p = graph::RopeParams {
+        freq_base: 100_000.0,
+        ..Default::default()
+    };
+    let (hd, heads, toks) = (64usize, 9usize, 7usize);
+    let positions = [0i32, 1, 2, 3, 100, 255, 511];
+    for &nth in THREADS {
+        let mut ctx = Context::new();
+        let x = ctx
+            .new_tensor_3d(T::F32, hd as i64, heads as i64, toks as i64)
+            .unwrap();
+        let pos = ctx.new_tensor_1d(T::I32, toks as i64).unwrap();
+        let y = ctx
+            .rope_ext(x, pos, hd as i32, graph::rope_mode::NORMAL, p)
+            .unwrap();
+        let g = graph_of(&mut ctx, &[y]);
+        let _buf = alloc_all(&mut ctx);
+        let mut rng = Rng::new(8);
+        fill(&ctx, x, &mut rng);
+        set_i32(&ctx, pos, &positions);
+        compute(&ctx, &g, nth);
+        let vx = f32s(&bytes(&ctx, x));
+        let out = f32s(&bytes(&ctx, y));
+        let theta_scale = 100_000.0f32.powf(-2.0 / hd as f32);
+        for (t, &ps) in positions.iter().enumerate() {
+            for h in 0..heads {
+                let base = (t * heads + h) * hd;
+                let mut theta = ps as f32;
+                for i in 0..hd / 2 {
+                    let (c, s) = (theta.cos(), theta.sin());
+                    let (x0, x1) = (vx[base + 2 * i], vx[base + 2 * i + 1]);
+                    let w0 = x0 * c - x1 * s;
+                    let w1 = x0 * s + x1 * c;
+                    assert_eq!(out[base + 2 * i].to_bits(), w0.to_bits(), "t{t} h{h} i{i}");
+                    assert_eq!(
+                        out[base + 2 * i + 1].to_bits(),
+                        w1.to_bits(),
+                        "t{t} h{h} i{i}"
+                    );
+                    theta *= theta_scale;
+                }
+            }
+        }
+    }
+}
+
+/// The plain attention of a decode step with GQA (9 query heads over 3 KV heads, head `h`
+/// on KV head `h / 3`): K and V written into an F16 cache through views (V transposed, a
+/// non-contiguous destination), `KQ = K·Q` over the first `n_kv` cells, SOFT_MAX with scale
+/// 0.125 and an F32 mask of −∞ for cells not visible, `KQV = V·P`, then the heads merged by
+/// PERMUTE + CONT. Checked against f64 attention over the f16-rounded cache and
+/// f16-rounded `Q` and `P` (ggml converts `src1` of an f16-weight product to f16); masked
+/// cells get exactly zero probability.
+#[test]
+fn gqa_attention_over_an_f16_cache_matches_naive_attention() {
+    let (hd, nh, nkv_h, kv_size, n_kv, n) = (64i64, 9i64, 3i64, 32i64, 16i64, 3i64);
+    let past = 10i64; // cells 0..past hold earlier tokens, the new ones go to past..past+n
+    for &nth in THREADS {
+        let mut ctx = Context::new();
+        let kc = ctx.new_tensor_2d(T::F16, hd * nkv_h, kv_size).unwrap();
+        let vc = ctx.new_tensor_2d(T::F16, kv_size, hd * nkv_h).unwrap(); // transposed V
+        let q = ctx.new_tensor_3d(T::F32, hd, nh, n).unwrap();
+        let k = ctx.new_tensor_2d(T::F32, hd * nkv_h, n).unwrap();
+        let v = ctx.new_tensor_2d(T::F32, hd * nkv_h, n).unwrap();
+        let mask = ctx.new_tensor_2d(T::F32, n_kv, n).unwrap();
+        let (kb, vb) = (ctx[kc].nb(), ctx[vc].nb());
+        // Store k rows at cells past..past+n; v columns likewise in the transposed cache.
+        let k_dst = ctx
+            .view_2d(kc, hd * nkv_h, n, kb[1], past as usize * kb[1])
+            .unwrap();
+        let k_cpy = ctx.cpy(k, k_dst).unwrap();
+        let v_dst = ctx
+            .view_2d(vc, n, hd * nkv_h, vb[1], past as usize * vb[0])
+            .unwrap();
+        let vt = ctx.transpose(v).unwrap();
+        let v_cpy = ctx.cpy(vt, v_dst).unwrap();
+        // Read views of the first n_kv cells: K [hd, n_kv, nkv_h], V^T [n_kv, hd, nkv_h].
+        let kview = ctx
+            .view_3d(kc, hd, n_kv, nkv_h, kb[1], hd as usize * 2, 0)
+            .unwrap();
+        let vview = ctx
+            .view_3d(vc, n_kv, hd, nkv_h, vb[1], vb[1] * hd as usize, 0)
+            .unwrap();
+        let qp = ctx.permute(q, [0, 2, 1, 3]).unwrap(); // [hd, n, nh]
+        let kq = ctx.mul_mat(kview, qp).unwrap(); // [n_kv, n, nh]
+        let p = ctx.soft_max_ext(kq, Some(mask), 0.125, 0.0).unwrap();
+        let kqv = ctx.mul_mat(vview, p).unwrap(); // [hd, n, nh]
+        let merged = ctx.permute(kqv, [0, 2, 1, 3]).unwrap(); // [hd, nh, n]
+        let out = ctx.cont(merged).unwrap();
+        let mut g = Graph::new(64);
+        for t in [k_cpy, v_cpy, out] {
+            g.build_forward_expand(&mut ctx, t).unwrap();
+        }
+        let _buf = alloc_all(&mut ctx);
+        let mut rng = Rng::new(21);
+        for t in [q, k, v] {
+            fill(&ctx, t, &mut rng);
+        }
+        // Earlier cells: arbitrary f16 values already in the cache.
+        let old: Vec<f32> = (0..hd * nkv_h * kv_size)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 60.0)
+            .collect();
+        let as_f16 = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+                .collect()
+        };
+        backend_core::tensor_set(&ctx, kc, 0, &as_f16(&old)).unwrap();
+        backend_core::tensor_set(&ctx, vc, 0, &as_f16(&old)).unwrap();
+        // Causal mask: token j (position past + j) sees cells 0..=past + j.
+        let mut m = vec![f32::NEG_INFINITY; (n_kv * n) as usize];
+        for j in 0..n {
+            for c in 0..=(past + j) {
+                m[(j * n_kv + c) as usize] = 0.0;
+            }
+        }
+        set_f32(&ctx, mask, &m);
+        compute(&ctx, &g, nth);
+
+        let h16 = |b: &[u8]| -> Vec<f64> {
+            b.chunks_exact(2)
+                .map(|c| f64::from(f16::from_le_bytes([c[0], c[1]]).to_f32()))
+                .collect()
+        };
+        let (kcache, vcache) = (h16(&bytes(&ctx, kc)), h16(&bytes(&ctx, vc)));
+        let (vq, vk, vv) = (
+            f32s(&bytes(&ctx, q)),
+            f32s(&bytes(&ctx, k)),
+            f32s(&bytes(&ctx, v)),
+        );
+        let r16 = |x: f32| f64::from(f16::from_f32(x).to_f32());
+        let (hd, nh, n_kv, n, kv_size, past) = (
+            hd as usize,
+            nh as usize,
+            n_kv as usize,
+            n as usize,
+            kv_size as usize,
+            past as usize,
+        );
+        let row = hd * nkv_h as usize;
+        // The cache holds the new k, v (rounded to f16) and the old values elsewhere.
+        for c in 0..kv_size {
+            for e in 0..row {
+                let (wk, wv) = if (past..past + n).contains(&c) {
+                    (r16(vk[(c - past) * row + e]), r16(vv[(c - past) * row + e]))
+                } else {
+                    (r16(old[c * row + e]), r16(old[e * kv_size + c]))
+                };
+                assert_eq!(kcache[c * row + e], wk, "k cell {c} el {e}");
+                assert_eq!(vcache[e * kv_size + c], wv, "v cell {c} el {e}");
+            }
+        }
+        let got = f32s(&bytes(&ctx, out));
+        let mut err = 0.0f64;
+        let mut norm = 0.0f64;
+        for j in 0..n {
+            for h in 0..nh {
+                let kvh = h / 3;
+                let qv: Vec<f64> = (0..hd).map(|d| r16(vq[(j * nh + h) * hd + d])).collect();
+                let mut s: Vec<f64> = (0..n_kv)
+                    .map(|c| {
+                        let dot: f64 = (0..hd)
+                            .map(|d| kcache[c * row + kvh * hd + d] * qv[d])
+                            .sum();
+                        dot * 0.125 + f64::from(m[j * n_kv + c])
+                    })
+                    .collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                s.iter_mut()
+                    .for_each(|x| *x = r16(((*x - mx).exp() / z) as f32));
+                for d in 0..hd {
+                    let want: f64 = (0..n_kv)
+                        .map(|c| vcache[(kvh * hd + d) * kv_size + c] * s[c])
+                        .sum();
+                    let g = f64::from(got[(j * nh + h) * hd + d]);
+                    err += (g - want).powi(2);
+                    norm += want * want;
+                }
+            }
+        }
+        assert!(err / norm < 1e-6, "nth {nth}: NMSE {}", err / norm);
+        // Probabilities of masked cells are exactly zero.
+        let probs = f32s(&bytes(&ctx, p));
+        for h in 0..nh {
+            for j in 0..n {
+                for c in past + j + 1..n_kv {
+                    assert_eq!(probs[(h * n + j) * n_kv + c], 0.0);
+                }
+            }
+        }
+    }
+}

@@ -588,7 +588,16 @@ fn mul_mat_case(
     fill(&ctx, a, &mut rng);
     fill(&ctx, b0, &mut rng);
     compute(&ctx, &g, nth);
-    let reference = mul_mat_ref(&read(&ctx, a), ctx[a].ne(), &read(&ctx, b), ctx[b].ne());
+    // ggml converts src1 to the weights' dot type first: f16 or bf16 for those weights.
+    let vb: Vec<f64> = read(&ctx, b)
+        .into_iter()
+        .map(|v| match ty {
+            T::F16 => half::f16::from_f64(v).to_f64(),
+            T::BF16 => half::bf16::from_f64(v).to_f64(),
+            _ => v,
+        })
+        .collect();
+    let reference = mul_mat_ref(&read(&ctx, a), ctx[a].ne(), &vb, ctx[b].ne());
     let tol = match ty {
         T::F32 | T::F16 | T::BF16 => F32_TOL,
         _ => 1e-4,
