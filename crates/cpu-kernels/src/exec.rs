@@ -17,8 +17,8 @@ use parking_lot::Mutex;
 
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
-use crate::qdot;
 use crate::quant::{self, F32_ROWS, ROWS};
+use crate::{hdot, qdot};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
@@ -525,8 +525,15 @@ impl Exec<'_> {
                             (i0, i0 + 1)
                         };
                         let (x0, x1) = (x[j0], x[j1]);
-                        y[j0] = x0 * c - x1 * s;
-                        y[j1] = x0 * s + x1 * c;
+                        if neox {
+                            y[j0] = x0 * c - x1 * s;
+                            y[j1] = x0 * s + x1 * c;
+                        } else {
+                            // ggml's build contracts `x0*cos - x1*sin` and `x0*sin + x1*cos`
+                            // (vectorised, for adjacent pairs) into these fused forms.
+                            y[j0] = x0.mul_add(c, -(x1 * s));
+                            y[j1] = x1.mul_add(c, x0 * s);
+                        }
                     }
                     dst.store_f32(0, i1, i2, i3, y);
                 }
@@ -667,8 +674,12 @@ impl Exec<'_> {
         };
         // q4_1 likewise (and it has no dequantizing gemm path): its products follow ggml's
         // integer dots bit for bit (`qdot`).
+        // f16 weights likewise: their products follow ggml's summation orders (`hdot`).
         let use_gemm = !cfg!(miri)
-            && !matches!(a.ty, ElementType::Q4_0 | ElementType::Q4_1)
+            && !matches!(
+                a.ty,
+                ElementType::Q4_0 | ElementType::Q4_1 | ElementType::F16
+            )
             && n >= gemm_min_n
             && m >= 16
             && k >= 16;
@@ -716,6 +727,13 @@ impl Exec<'_> {
         let mblocks = m.div_ceil(MM_ROWS);
         let isa = quant::Isa::best();
         let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
+        let half_order = hdot::Order::for_shape(k, m, n);
+        // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
+        let qdot_prefetch = if a.nb[1] == a.ty.row_size(k) {
+            ROWS * a.nb[1]
+        } else {
+            0
+        };
         let this = &*self;
         this.par_for_contiguous(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
             for u in units {
@@ -751,7 +769,7 @@ impl Exec<'_> {
                                 let c = batch * n + j;
                                 &packed_q[c * col_bytes..(c + 1) * col_bytes]
                             };
-                            qdot_group(isa, kind, rws, n, col, &mut put);
+                            qdot_group(isa, kind, rws, n, col, qdot_prefetch, &mut put);
                             continue;
                         }
                         match a.ty {
@@ -775,6 +793,15 @@ impl Exec<'_> {
                                 for j in j..n {
                                     let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
                                     put(j, &d);
+                                }
+                            }
+                            ElementType::F16 => {
+                                let rws: [&[f32]; F32_ROWS] =
+                                    f32_rows(a, row_of, a2, a3, &mut ts.a);
+                                for j in 0..n {
+                                    let c = batch * n + j;
+                                    let col = &packed_f32[c * k..(c + 1) * k];
+                                    put(j, &hdot::dot_rows(half_order, rws, col));
                                 }
                             }
                             _ => {
@@ -1049,6 +1076,7 @@ fn qdot_group<'c>(
     rows: [&[u8]; ROWS],
     n: usize,
     col: impl Fn(usize) -> &'c [u8],
+    prefetch: usize,
     put: &mut impl FnMut(usize, &[f32]),
 ) {
     let mut j = 0;
@@ -1057,7 +1085,7 @@ fn qdot_group<'c>(
         let mut d = [[0.0f32; ROWS]; QDOT_COLS];
         for h in 0..ROWS / QDOT_ROWS {
             let rs: [&[u8]; QDOT_ROWS] = std::array::from_fn(|r| rows[h * QDOT_ROWS + r]);
-            let part = qdot::dot_rows(isa, kind, rs, cols);
+            let part = qdot::dot_rows(isa, kind, rs, cols, prefetch);
             for (dc, pc) in d.iter_mut().zip(&part) {
                 dc[h * QDOT_ROWS..(h + 1) * QDOT_ROWS].copy_from_slice(pc);
             }
@@ -1068,7 +1096,7 @@ fn qdot_group<'c>(
         j += QDOT_COLS;
     }
     for j in j..n {
-        let [d] = qdot::dot_rows(isa, kind, rows, [col(j)]);
+        let [d] = qdot::dot_rows(isa, kind, rows, [col(j)], prefetch);
         put(j, &d);
     }
 }

@@ -63,7 +63,7 @@ pub(crate) fn ggml_expf(x: f32) -> f32 {
 
 /// `_mm512_reduce_add_ps`'s order (GCC's: halves, then quarters, then pairs).
 #[inline(always)]
-fn reduce16(v: &[f32; LANES]) -> f32 {
+pub(crate) fn reduce16(v: &[f32; LANES]) -> f32 {
     let t3: [f32; 8] = std::array::from_fn(|i| v[8 + i] + v[i]);
     let t6: [f32; 4] = std::array::from_fn(|i| t3[4 + i] + t3[i]);
     (t6[0] + t6[2]) + (t6[1] + t6[3])

@@ -26,7 +26,9 @@
 //! Row reductions (norms, softmax sums) accumulate in f64 like ggml's `ggml_float`; RMS_NORM
 //! sums the f32-rounded squares, as ggml does. SILU and SOFT_MAX's exponentials use ggml's
 //! vector `exp` polynomial lane for lane (module `gexp`), not libm, so a llama decode step
-//! matches llama.cpp's to the bit in those ops.
+//! matches llama.cpp's to the bit in those ops. ROPE in normal mode rotates each pair with
+//! the fused multiply-adds ggml's compiled loop uses (`x0·cos − (x1·sin)` and
+//! `x1·cos + (x0·sin)`, the bracketed products rounded).
 //!
 //! # Design choices
 //!
@@ -53,6 +55,9 @@
 //!   token against llama.cpp (SmolLM2 Q4_1, its tied Q8_0 output head) need that: their
 //!   greedy margins can be 0.1 logit. One column takes eight rows per call (decode), more
 //!   columns take 4 × 4 tiles. q4_1 never takes the gemm; q8_0 from 16 columns still does.
+//!   **f16 weights** (the attention over an f16 KV cache) likewise take the dot path at
+//!   any column count: the column is rounded to f16 (ggml's `vec_dot_type`) and each output
+//!   summed in ggml's order for the shape (module `hdot`).
 //! * **q4_0 weights always take the dot-product path**, at any column count: its kernel
 //!   takes four columns per call, so each block of eight rows is unpacked (nibbles, scales)
 //!   once for four columns, and the integer dot products cost less than dequantizing to f32
@@ -141,6 +146,7 @@
 
 mod exec;
 mod gexp;
+mod hdot;
 mod math;
 mod mem;
 mod pool;

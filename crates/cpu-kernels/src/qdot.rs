@@ -226,11 +226,18 @@ fn dot_q8_0_scalar(row: &[u8], col: &[u8], nb: usize) -> f32 {
 /// Several rows and columns per call let the kernel load each column block once for `R`
 /// rows and unpack each weight block once for `NC` columns; results do not depend on `R`,
 /// `NC` or the other rows and columns (module docs).
+///
+/// `prefetch` is a distance in bytes: while reading block `b` of a row the kernel asks the
+/// cache for the bytes that far ahead of it (`0`: no prefetching). When rows follow each
+/// other in memory, `R` row lengths ahead is the next call's block: the rows of a thin
+/// product are short (576 elements: 10 cache lines), too short for the hardware prefetcher
+/// to follow eight of them side by side.
 pub(crate) fn dot_rows<const R: usize, const NC: usize>(
     isa: crate::quant::Isa,
     kind: WeightKind,
     rows: [&[u8]; R],
     cols: [&[u8]; NC],
+    prefetch: usize,
 ) -> [[f32; R]; NC] {
     let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
     assert!(
@@ -246,8 +253,8 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
             // (asserted above).
             unsafe {
                 match kind {
-                    WeightKind::Q4_1 => x86::q4_1_rows(rows, cols, nb),
-                    WeightKind::Q8_0 => x86::q8_0_rows(rows, cols, nb),
+                    WeightKind::Q4_1 => x86::q4_1_rows(rows, cols, nb, prefetch),
+                    WeightKind::Q8_0 => x86::q8_0_rows(rows, cols, nb, prefetch),
                 }
             }
         }
@@ -337,6 +344,7 @@ mod x86 {
         rows: [&[u8]; R],
         cols: [&[u8]; NC],
         nb: usize,
+        prefetch: usize,
     ) -> [[f32; R]; NC] {
         let rp = rows.map(<[u8]>::as_ptr);
         let cp = cols.map(|c| col(c, nb));
@@ -346,15 +354,24 @@ mod x86 {
         let mut summs = [[0.0f32; R]; NC];
         for b in 0..nb {
             let off = b * Q4_1_BYTES;
+            if prefetch != 0 {
+                for p in &rp {
+                    // A prefetch never faults; the address may lie past the row.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + prefetch).cast());
+                }
+            }
             // SAFETY: block b of every row (20 bytes at `off`) and of every column (32
             // quants, one scale, one sum) is inside them (caller's contract).
             unsafe {
-                let x: [__m256i; R] = std::array::from_fn(|r| {
+                // Plain loops, not `array::from_fn`: its closures were compiled out of line.
+                let mut x = [_mm256_setzero_si256(); R];
+                let mut dm = [(0.0f32, 0.0f32); R];
+                for r in 0..R {
                     let q = _mm_loadu_si128(rp[r].add(off + 4).cast());
                     let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-                    _mm256_and_si256(both, mask)
-                });
-                let dm: [(f32, f32); R] = std::array::from_fn(|r| two_halves(rp[r].add(off)));
+                    x[r] = _mm256_and_si256(both, mask);
+                    dm[r] = two_halves(rp[r].add(off));
+                }
                 for (c, cc) in cp.iter().enumerate() {
                     let qy = _mm256_loadu_si256(cc.qs.add(QK * b).cast());
                     let da = cc.ds.add(b).read_unaligned();
@@ -390,6 +407,7 @@ mod x86 {
         rows: [&[u8]; R],
         cols: [&[u8]; NC],
         nb: usize,
+        prefetch: usize,
     ) -> [[f32; R]; NC] {
         let rp = rows.map(<[u8]>::as_ptr);
         let cp = cols.map(|c| col(c, nb));
@@ -397,13 +415,24 @@ mod x86 {
         let mut acc = [[_mm256_setzero_ps(); R]; NC];
         for b in 0..nb {
             let off = b * Q8_0_BYTES;
+            if prefetch != 0 {
+                for p in &rp {
+                    // A prefetch never faults; the address may lie past the row.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + prefetch).cast());
+                }
+            }
             // SAFETY: block b of every row (34 bytes at `off`) and of every column is inside
             // them (caller's contract).
             unsafe {
-                let x: [__m256i; R] =
-                    std::array::from_fn(|r| _mm256_loadu_si256(rp[r].add(off + 2).cast()));
-                let ax: [__m256i; R] = std::array::from_fn(|r| _mm256_sign_epi8(x[r], x[r]));
-                let dw: [f32; R] = std::array::from_fn(|r| one_half(rp[r].add(off)));
+                // Plain loops, not `array::from_fn`: its closures were compiled out of line.
+                let mut x = [_mm256_setzero_si256(); R];
+                let mut ax = [_mm256_setzero_si256(); R];
+                let mut dw = [0.0f32; R];
+                for r in 0..R {
+                    x[r] = _mm256_loadu_si256(rp[r].add(off + 2).cast());
+                    ax[r] = _mm256_sign_epi8(x[r], x[r]);
+                    dw[r] = one_half(rp[r].add(off));
+                }
                 for (c, cc) in cp.iter().enumerate() {
                     let qy = _mm256_loadu_si256(cc.qs.add(QK * b).cast());
                     let da = cc.ds.add(b).read_unaligned();
@@ -540,7 +569,7 @@ mod tests {
                     .collect();
                 let rr: [&[u8]; 4] = std::array::from_fn(|j| &rows[j][..]);
                 let cc: [&[u8]; 3] = std::array::from_fn(|j| &cols[j][..]);
-                let base = dot_rows(Isa::Scalar, kind, rr, cc);
+                let base = dot_rows(Isa::Scalar, kind, rr, cc, 0);
                 for (c, col) in cols.iter().enumerate() {
                     for (r, row) in rows.iter().enumerate() {
                         let (want, abs) = naive(kind, row, col, nb);
@@ -549,12 +578,12 @@ mod tests {
                     }
                 }
                 for isa in Isa::available() {
-                    let got = dot_rows(isa, kind, rr, cc);
+                    let got = dot_rows(isa, kind, rr, cc, 256);
                     assert_eq!(got, base, "{isa:?} {kind:?} nb={nb}");
                     // One row, one column at a time: the same bits.
                     for c in 0..3 {
                         for r in 0..4 {
-                            let [[one]] = dot_rows(isa, kind, [rr[r]], [cc[c]]);
+                            let [[one]] = dot_rows(isa, kind, [rr[r]], [cc[c]], 0);
                             assert_eq!(one.to_bits(), base[c][r].to_bits());
                         }
                     }

@@ -215,7 +215,8 @@ fn rms_norm_and_weight_are_ggml_bit_for_bit() {
 }
 
 /// ROPE in llama's normal mode: adjacent pairs, one position per token, `θ_0 = pos`,
-/// `θ_{i+1} = θ_i · base^(−2/n_dims)` in f32, `cosf`/`sinf`, freq base 100000; heads are
+/// `θ_{i+1} = θ_i · base^(−2/n_dims)` in f32, `cosf`/`sinf`, freq base 100000, each pair
+/// rotated with one fused multiply-add per output as ggml's compiled loop does; heads are
 /// rotated alike, bit for bit.
 #[test]
 fn rope_normal_mode_is_ggml_bit_for_bit() {
@@ -250,8 +251,10 @@ fn rope_normal_mode_is_ggml_bit_for_bit() {
                 for i in 0..hd / 2 {
                     let (c, s) = (theta.cos(), theta.sin());
                     let (x0, x1) = (vx[base + 2 * i], vx[base + 2 * i + 1]);
-                    let w0 = x0 * c - x1 * s;
-                    let w1 = x0 * s + x1 * c;
+                    // As ggml's `-march=native` build computes them: the pair is rotated by
+                    // `vfmaddsub` (x·cos ∓ the rounded cross product).
+                    let w0 = x0.mul_add(c, -(x1 * s));
+                    let w1 = x1.mul_add(c, x0 * s);
                     assert_eq!(out[base + 2 * i].to_bits(), w0.to_bits(), "t{t} h{h} i{i}");
                     assert_eq!(
                         out[base + 2 * i + 1].to_bits(),
@@ -407,6 +410,86 @@ fn gqa_attention_over_an_f16_cache_matches_naive_attention() {
             for j in 0..n {
                 for c in past + j + 1..n_kv {
                     assert_eq!(probs[(h * n + j) * n_kv + c], 0.0);
+                }
+            }
+        }
+    }
+}
+
+/// `_mm512_reduce_add_ps`'s order (halves, quarters, then pairs).
+fn reduce16(v: &[f32]) -> f32 {
+    let t3: Vec<f32> = (0..8).map(|i| v[8 + i] + v[i]).collect();
+    let t6: Vec<f32> = (0..4).map(|i| t3[4 + i] + t3[i]).collect();
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// MUL_MAT with f16 weights (the attention over an f16 cache): `src1` rounded to f16, then
+/// ggml's AVX-512 orders bit for bit — `ggml_vec_dot_f16` for one column (4 × 16 lanes over
+/// steps of 64, the rest in f64), llamafile's tinyBLAS for more (one 16-lane FMA chain),
+/// with the GQA broadcast of the query heads over the KV heads.
+#[test]
+fn f16_products_are_ggml_bit_for_bit() {
+    for (k, m, n) in [
+        (64usize, 32usize, 1usize),
+        (64, 32, 4),
+        (80, 12, 1),
+        (256, 64, 3),
+    ] {
+        for &nth in THREADS {
+            let mut ctx = Context::new();
+            let a = ctx.new_tensor_3d(T::F16, k as i64, m as i64, 3).unwrap();
+            let b = ctx.new_tensor_3d(T::F32, k as i64, n as i64, 9).unwrap();
+            let c = ctx.mul_mat(a, b).unwrap();
+            let g = graph_of(&mut ctx, &[c]);
+            let _buf = alloc_all(&mut ctx);
+            let mut rng = Rng::new((k + m + n) as u64);
+            fill(&ctx, a, &mut rng);
+            fill(&ctx, b, &mut rng);
+            compute(&ctx, &g, nth);
+            let w: Vec<f32> = bytes(&ctx, a)
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect();
+            let x: Vec<f32> = f32s(&bytes(&ctx, b))
+                .into_iter()
+                .map(|v| f16::from_f32(v).to_f32())
+                .collect();
+            let out = f32s(&bytes(&ctx, c));
+            let tiny = n >= 2 && k % 16 == 0 && m % 4 == 0;
+            for h in 0..9 {
+                for j in 0..n {
+                    let col = &x[(h * n + j) * k..(h * n + j + 1) * k];
+                    for r in 0..m {
+                        let row = &w[((h / 3) * m + r) * k..((h / 3) * m + r + 1) * k];
+                        let want = if tiny {
+                            let mut acc = [0.0f32; 16];
+                            for i in 0..k {
+                                acc[i % 16] = row[i].mul_add(col[i], acc[i % 16]);
+                            }
+                            reduce16(&acc)
+                        } else {
+                            let np = k / 64 * 64;
+                            let mut acc = [[0.0f32; 16]; 4];
+                            for i in 0..np {
+                                let (j4, l) = ((i % 64) / 16, i % 16);
+                                acc[j4][l] = row[i].mul_add(col[i], acc[j4][l]);
+                            }
+                            let x16: Vec<f32> = (0..16)
+                                .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
+                                .collect();
+                            let mut s = f64::from(reduce16(&x16));
+                            for i in np..k {
+                                s += f64::from(row[i] * col[i]);
+                            }
+                            s as f32
+                        };
+                        let got = out[(h * n + j) * m + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "k{k} m{m} n{n} h{h} j{j} r{r}"
+                        );
+                    }
                 }
             }
         }

@@ -114,11 +114,31 @@ impl ElementType {
     ];
 
     fn row(self) -> &'static (ElementType, &'static str, usize, usize, bool) {
-        // The table is tiny and ordered like ALL; a linear scan compiles to a jump table.
-        TABLE
-            .iter()
-            .find(|r| r.0 == self)
-            .expect("every ElementType has a table row")
+        // The table is ordered like ALL (a test checks it): index it directly, since
+        // kernels ask for row sizes per row.
+        let i = match self {
+            ElementType::F32 => 0,
+            ElementType::F16 => 1,
+            ElementType::Q4_0 => 2,
+            ElementType::Q4_1 => 3,
+            ElementType::Q5_0 => 4,
+            ElementType::Q5_1 => 5,
+            ElementType::Q8_0 => 6,
+            ElementType::Q8_1 => 7,
+            ElementType::Q2_K => 8,
+            ElementType::Q3_K => 9,
+            ElementType::Q4_K => 10,
+            ElementType::Q5_K => 11,
+            ElementType::Q6_K => 12,
+            ElementType::Q8_K => 13,
+            ElementType::I8 => 14,
+            ElementType::I16 => 15,
+            ElementType::I32 => 16,
+            ElementType::I64 => 17,
+            ElementType::F64 => 18,
+            ElementType::BF16 => 19,
+        };
+        &TABLE[i]
     }
 
     /// ggml's numeric id (`enum ggml_type`).
@@ -177,5 +197,18 @@ impl std::str::FromStr for ElementType {
             .find(|r| r.1.eq_ignore_ascii_case(s))
             .map(|r| r.0)
             .ok_or_else(|| UnknownType(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_rows_follow_all() {
+        for (i, t) in ElementType::ALL.iter().enumerate() {
+            assert_eq!(TABLE[i].0, *t);
+            assert_eq!(t.row().0, *t);
+        }
     }
 }
