@@ -4,6 +4,8 @@
 //! megabytes of a file (the header of a 100 MB model ends at 1.8 MB) as well as on a whole
 //! mapped file; [`Header::check_bounds`] then checks the tensors against the file's length.
 
+use std::collections::HashMap;
+
 use crate::error::{GgufError, Result};
 use crate::reader::Reader;
 use crate::tensor::{TensorInfo, read_infos};
@@ -40,6 +42,7 @@ pub struct Header {
     version: u32,
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
+    by_name: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
 }
@@ -71,7 +74,7 @@ impl Header {
         let n_kv = r.signed_count("metadata pair count", MIN_KV_SIZE)?;
         let metadata = read_metadata(&mut r, n_kv)?;
         let alignment = alignment(&metadata)?;
-        let tensors = read_infos(&mut r, n_tensors, alignment)?;
+        let (tensors, by_name) = read_infos(&mut r, n_tensors, alignment)?;
         let data_offset =
             (r.pos() as u64)
                 .checked_next_multiple_of(alignment)
@@ -90,6 +93,7 @@ impl Header {
             version,
             metadata,
             tensors,
+            by_name,
             alignment,
             data_offset,
         })
@@ -132,9 +136,9 @@ impl Header {
     }
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
-        self.tensors
-            .iter()
-            .find(|t| t.name() == name)
+        self.by_name
+            .get(name)
+            .map(|&i| &self.tensors[i])
             .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))
     }
     /// Alignment of the data section and of each tensor's offset.

@@ -1,7 +1,7 @@
 //! Tensor-info records: name, shape, ggml type and data offset, with the checks llama.cpp's
 //! loader makes (and a few it leaves to luck), all in checked arithmetic.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use graph::ElementType;
 
@@ -75,19 +75,18 @@ impl TensorInfo {
     }
 }
 
+/// Tensor infos in file order and an index from name to position.
+pub(crate) type Infos = (Vec<TensorInfo>, HashMap<String, usize>);
+
 /// Reads `count` records and checks each one against the running data size.
-pub(crate) fn read_infos(
-    r: &mut Reader<'_>,
-    count: usize,
-    alignment: u64,
-) -> Result<Vec<TensorInfo>> {
+pub(crate) fn read_infos(r: &mut Reader<'_>, count: usize, alignment: u64) -> Result<Infos> {
     let mut infos = Vec::with_capacity(count);
-    let mut names = HashSet::with_capacity(count);
+    let mut names = HashMap::with_capacity(count);
     let mut expected = 0u64;
     for index in 0..count {
         let mut name = String::new();
         let info = read_one(r, &mut name, expected).and_then(|info| {
-            if !names.insert(info.name.clone()) {
+            if names.insert(info.name.clone(), index).is_some() {
                 return Err(GgufError::DuplicateTensor);
             }
             Ok(info)
@@ -108,7 +107,7 @@ pub(crate) fn read_infos(
             })?;
         infos.push(info);
     }
-    Ok(infos)
+    Ok((infos, names))
 }
 
 fn read_one(r: &mut Reader<'_>, name_out: &mut String, expected: u64) -> Result<TensorInfo> {

@@ -217,8 +217,9 @@ fn bad_magic_and_versions() {
 #[test]
 fn every_truncation_is_a_typed_error() {
     let bytes = synthetic().build();
-    let n = if cfg!(miri) { 200 } else { bytes.len() };
-    for len in 0..n {
+    // Under Miri every 23rd length (about 40 files), natively every one.
+    let step = if cfg!(miri) { 23 } else { 1 };
+    for len in (0..bytes.len()).step_by(step) {
         let cut = &bytes[..len];
         let r = Header::parse(cut).and_then(|h| h.check_bounds(len as u64));
         let e = r.expect_err("a truncated file must be refused");

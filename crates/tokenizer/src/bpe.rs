@@ -10,6 +10,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::bytes::BYTE_CHARS;
 
@@ -20,11 +21,35 @@ pub(crate) struct Bpe {
     /// Symbol → its (byte-character) text, for the fallback of symbols that are not tokens.
     sym_text: Vec<Box<str>>,
     /// (left, right) → (rank, merged).
-    merges: HashMap<(u32, u32), (u32, u32)>,
+    merges: HashMap<u64, (u32, u32), BuildHasherDefault<PairHasher>>,
     /// Byte → its one-character symbol.
     byte_sym: [u32; 256],
     /// ASCII byte-character → the token of that one character (the fallback).
     ascii_token: [Option<u32>; 128],
+}
+
+/// The merge table's hasher: keys are two symbol ids packed in a u64, hashed by one multiply
+/// and a fold (SipHash, the std default, made the look-ups half of the tokenizing time).
+#[derive(Default)]
+struct PairHasher(u64);
+
+impl Hasher for PairHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, k: u64) {
+        let h = (self.0 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+fn key(l: u32, r: u32) -> u64 {
+    (u64::from(l) << 32) | u64::from(r)
 }
 
 struct Interner {
@@ -82,7 +107,7 @@ impl Bpe {
             }
             sym_token[id as usize] = Some(i as u32);
         }
-        let mut table = HashMap::with_capacity(merges.len());
+        let mut table = HashMap::with_capacity_and_hasher(merges.len(), Default::default());
         for (rank, m) in merges.iter().enumerate() {
             let Some(split) = m.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1) else {
                 continue;
@@ -91,7 +116,7 @@ impl Bpe {
             let l = interner.get(a);
             let r = interner.get(b);
             let merged = interner.get(&format!("{a}{b}"));
-            table.entry((l, r)).or_insert((rank as u32, merged));
+            table.entry(key(l, r)).or_insert((rank as u32, merged));
         }
         let mut byte_sym = [0u32; 256];
         let mut buf = [0u8; 4];
@@ -135,7 +160,7 @@ impl Bpe {
             if l.len == 0 || r.len == 0 || l.id != lsym || r.id != rsym {
                 continue; // stale: a side was merged since this pair was queued
             }
-            let (_, merged) = self.merges[&(lsym, rsym)];
+            let (_, merged) = self.merges[&key(lsym, rsym)];
             let sl = &mut s.syms[left as usize];
             sl.id = merged;
             sl.len += r.len;
@@ -169,8 +194,42 @@ impl Bpe {
 
     fn queue(&self, s: &mut Scratch, left: u32, right: u32) {
         let (lsym, rsym) = (s.syms[left as usize].id, s.syms[right as usize].id);
-        if let Some(&(rank, _)) = self.merges.get(&(lsym, rsym)) {
+        if let Some(&(rank, _)) = self.merges.get(&key(lsym, rsym)) {
             s.heap.push(Reverse((rank, left, right, lsym, rsym)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(tokens: &[&str], merges: &[&str], word: &str) -> Vec<u32> {
+        let t: Vec<String> = tokens.iter().map(|s| s.to_string()).collect();
+        let m: Vec<String> = merges.iter().map(|s| s.to_string()).collect();
+        let bpe = Bpe::new(&t, &m);
+        let mut out = Vec::new();
+        bpe.word(word.as_bytes(), &mut Scratch::default(), &mut out);
+        out
+    }
+
+    #[test]
+    fn merges_follow_rank_then_position() {
+        let vocab = ["a", "b", "c", "ab", "bc", "abc", "aa"];
+        assert_eq!(run(&vocab, &["b c", "a b", "a bc"], "abc"), [5]);
+        assert_eq!(run(&vocab, &["a b", "b c", "a bc"], "abc"), [3, 2]);
+        // Equal ranks: the left pair first; the overlapping right one is then stale.
+        assert_eq!(run(&vocab, &["a a"], "aaa"), [6, 0]);
+        assert_eq!(run(&vocab, &["a a"], "aaaa"), [6, 6]);
+        // A merged symbol missing from the vocabulary falls back to its one-byte tokens.
+        assert_eq!(run(&["a", "b"], &["a b"], "ab"), [0, 1]);
+        // Entries without a separating space are ignored; a repeated pair keeps its first rank.
+        assert_eq!(
+            run(&vocab, &["ab", "b c", "a b", "b c", "a bc"], "abc"),
+            [5]
+        );
+        // Bytes become byte-characters: a space is `Ġ`.
+        assert_eq!(run(&["Ġ", "x", "Ġx"], &["Ġ x"], " x"), [2]);
+        assert_eq!(run(&vocab, &[], ""), [] as [u32; 0]);
     }
 }

@@ -39,16 +39,27 @@ pub(crate) static BYTE_CHARS: [char; 256] = {
     t
 };
 
+/// The bytes that do not stand for themselves, in increasing order (U+0100 + i ↔ `SHIFTED[i]`).
+static SHIFTED: [u8; 68] = {
+    let mut t = [0u8; 68];
+    let (mut b, mut n) = (0usize, 0usize);
+    while b < 256 {
+        if !stands_for_itself(b as u8) {
+            t[n] = b as u8;
+            n += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
 /// The byte code point `c` stands for, if it is one of the 256.
 pub(crate) fn char_to_byte(c: char) -> Option<u8> {
     let u = c as u32;
     if u < 0x100 && stands_for_itself(u as u8) {
         Some(u as u8)
     } else if (0x100..0x144).contains(&u) {
-        let k = u - 0x100;
-        (0u8..=255)
-            .filter(|&b| !stands_for_itself(b))
-            .nth(k as usize)
+        Some(SHIFTED[(u - 0x100) as usize])
     } else {
         None
     }

@@ -74,30 +74,44 @@ impl TokenType {
     }
 }
 
-/// Texts llama.cpp treats as end of generation wherever they appear in a vocabulary (end of
-/// turn / text, and the FIM repository / file-separator / pad markers).
+/// Texts llama.cpp (at the reference commit) treats as end of generation wherever they
+/// appear in a vocabulary: end of turn / text / message, and the FIM pad, repository and
+/// file-separator markers it auto-detects. Such a token is also made a control token.
 const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
     "<|return|>",
     "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
+    // FIM pad, repository, file separator.
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "[PAD]",
     "<|fim_repo|>",
     "<|repo_name|>",
     "<fim-repo>",
     "<REPO>",
     "<reponame>",
     "<|file_sep|>",
-    "<|fim_pad|>",
-    "<fim-pad>",
-    "<PAD>",
 ];
 
 /// A byte-level BPE tokenizer with the `smollm` pre-tokenizer.
@@ -147,7 +161,7 @@ impl Tokenizer {
         if n == 0 || n > u32::MAX as usize / 2 {
             return Err(TokenizerError::BadVocab(format!("{n} tokens")));
         }
-        let types = match meta.get("tokenizer.ggml.token_type") {
+        let mut types: Vec<TokenType> = match meta.get("tokenizer.ggml.token_type") {
             None => vec![TokenType::Normal; n],
             Some(_) => {
                 let raw = meta.i32s("tokenizer.ggml.token_type")?;
@@ -190,6 +204,17 @@ impl Tokenizer {
         for (i, t) in texts.iter().enumerate() {
             ids.insert(t.clone(), i as u32);
         }
+        let mut eog: Vec<u32> = eos.into_iter().chain(eot).collect();
+        for t in EOG_TEXTS {
+            if let Some(&id) = ids.get(*t) {
+                eog.push(id);
+                if types[id as usize] == TokenType::Normal {
+                    types[id as usize] = TokenType::Control;
+                }
+            }
+        }
+        eog.sort_unstable();
+        eog.dedup();
         let pieces = texts
             .iter()
             .zip(&types)
@@ -219,10 +244,6 @@ impl Tokenizer {
             })
             .collect();
         specials.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
-        let mut eog: Vec<u32> = eos.into_iter().chain(eot).collect();
-        eog.extend(EOG_TEXTS.iter().filter_map(|t| ids.get(*t).copied()));
-        eog.sort_unstable();
-        eog.dedup();
         let bpe = bpe::Bpe::new(&texts, merges);
         tracing::debug!(n_vocab = n, merges = merges.len(), ?eog, "tokenizer built");
         Ok(Tokenizer {
@@ -363,15 +384,35 @@ impl Tokenizer {
     }
 }
 
-/// A NORMAL token's bytes: each code point through the inverse byte map; a code point outside
-/// the map (none in a GPT-2 vocabulary) is kept as its own UTF-8.
+/// A NORMAL token's bytes: each code point through the inverse byte map. A code point outside
+/// the map (none in a GPT-2 vocabulary) becomes llama.cpp's marker, `[UNK_BYTE_0x` + its UTF-8
+/// in hex + the whole token text + `]`.
 fn decode_normal(text: &str) -> Box<[u8]> {
     let mut out = Vec::with_capacity(text.len());
     for c in text.chars() {
         match bytes::char_to_byte(c) {
             Some(b) => out.push(b),
-            None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            None => {
+                out.extend_from_slice(b"[UNK_BYTE_0x");
+                for b in c.encode_utf8(&mut [0; 4]).bytes() {
+                    out.extend_from_slice(format!("{b:02x}").as_bytes());
+                }
+                out.extend_from_slice(text.as_bytes());
+                out.push(b']');
+            }
         }
     }
     out.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normal_tokens_decode_through_the_byte_map() {
+        assert_eq!(&*decode_normal("ĠðŁ"), [0x20, 0xF0, 0x9F]);
+        assert_eq!(&*decode_normal("ĊĊ"), b"\n\n");
+        assert_eq!(&*decode_normal("a你"), b"a[UNK_BYTE_0xe4bda0a\xe4\xbd\xa0]");
+    }
 }

@@ -62,7 +62,29 @@ fn is_letter(c: char) -> bool {
     )
 }
 
+/// Flags of the 128 ASCII characters, worked out once.
+static ASCII: [Flags; 128] = {
+    let mut t = [Flags {
+        letter: false,
+        number: false,
+        whitespace: false,
+        present: true,
+    }; 128];
+    let mut i = 0;
+    while i < 128 {
+        let c = i as u8;
+        t[i].letter = c.is_ascii_alphabetic();
+        t[i].number = c.is_ascii_digit();
+        t[i].whitespace = matches!(c, b'\t'..=b'\r' | b' ');
+        i += 1;
+    }
+    t
+};
+
 fn flags(c: char) -> Flags {
+    if c.is_ascii() {
+        return ASCII[c as usize];
+    }
     Flags {
         letter: is_letter(c),
         number: is_number(c),
