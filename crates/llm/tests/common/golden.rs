@@ -141,3 +141,82 @@ pub fn greedy_tokens(model: &mut Llama, prompt: &[u32], n: usize) -> Vec<(u32, V
         .expect("generate");
     steps
 }
+
+/// Compares a run of ours (`other`) with a reference run of ours (`base`, the CPU-only one)
+/// by the same rule as against llama.cpp, the reference's logits judging a divergence.
+/// Returns the largest logit difference over the compared steps.
+pub fn compare_runs(base: &[(u32, Vec<f32>)], other: &[(u32, Vec<f32>)]) -> Result<f32, String> {
+    let mut worst = 0f32;
+    for (i, ((bt, bl), (ot, ol))) in base.iter().zip(other).enumerate() {
+        worst = bl
+            .iter()
+            .zip(ol)
+            .map(|(a, b)| (a - b).abs())
+            .fold(worst, f32::max);
+        if bt == ot {
+            continue;
+        }
+        let best = bl[*bt as usize];
+        let gap = best - bl[*ot as usize];
+        return if gap <= NEAR_TIE {
+            Ok(worst)
+        } else {
+            Err(format!(
+                "step {i}: {ot} instead of {bt}, scored {gap:.4} below the best by the reference run"
+            ))
+        };
+    }
+    if base.len() != other.len() {
+        return Err(format!("{} tokens instead of {}", other.len(), base.len()));
+    }
+    Ok(worst)
+}
+
+/// A real ggml `rpc-server` (`RPC_SERVER_BIN`, built by `.ci/rpc-server-build.sh`) on a free
+/// loopback port, killed on drop.
+pub struct RealServer(std::process::Child, pub String);
+
+impl Drop for RealServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl RealServer {
+    /// Starts one, or `None` (with a message) when `RPC_SERVER_BIN` is unset and `CI` is
+    /// unset; under CI a missing binary fails the test.
+    pub fn start(test: &str) -> Option<Self> {
+        use std::time::{Duration, Instant};
+        let bin = match std::env::var("RPC_SERVER_BIN") {
+            Ok(b) => b,
+            Err(_) if std::env::var_os("CI").is_none() => {
+                eprintln!("{test}: SKIPPED, set RPC_SERVER_BIN (see .ci/rpc-server-build.sh)");
+                return None;
+            }
+            Err(_) => panic!("{test}: CI is set and RPC_SERVER_BIN is not"),
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start rpc-server");
+        let ep = format!("127.0.0.1:{port}");
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(&ep).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "rpc-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        Some(RealServer(child, ep))
+    }
+}
