@@ -127,6 +127,7 @@ impl TView {
     }
 
     /// Whether rows are stored densely (`nb0` is the element or block size).
+    #[inline]
     pub fn rows_contiguous(&self) -> bool {
         self.nb[0] == self.ty.type_size() || self.ne[0] == self.ty.block_size()
     }
@@ -314,6 +315,7 @@ impl TView {
     /// The bytes of dense row `(i1, i2, i3)`. Only for sources that do not overlap the
     /// destination of the running op (checked by the executor), so nobody writes them while
     /// the slice lives.
+    #[inline]
     pub fn row_bytes(&self, i1: usize, i2: usize, i3: usize) -> &[u8] {
         assert!(
             self.rows_contiguous(),

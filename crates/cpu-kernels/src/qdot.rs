@@ -366,10 +366,12 @@ mod x86 {
                 // Plain loops, not `array::from_fn`: its closures were compiled out of line.
                 let mut x = [_mm256_setzero_si256(); R];
                 let mut dm = [(0.0f32, 0.0f32); R];
+                // The 16 bytes in both halves, the upper half shifted by a nibble (per 64-bit
+                // lane: what crosses a byte boundary is masked off), then masked.
+                let shift = _mm256_setr_epi64x(0, 0, 4, 4);
                 for r in 0..R {
-                    let q = _mm_loadu_si128(rp[r].add(off + 4).cast());
-                    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-                    x[r] = _mm256_and_si256(both, mask);
+                    let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(rp[r].add(off + 4).cast()));
+                    x[r] = _mm256_and_si256(_mm256_srlv_epi64(q, shift), mask);
                     dm[r] = two_halves(rp[r].add(off));
                 }
                 for (c, cc) in cp.iter().enumerate() {

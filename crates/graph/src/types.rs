@@ -113,6 +113,7 @@ impl ElementType {
         ElementType::BF16,
     ];
 
+    #[inline]
     fn row(self) -> &'static (ElementType, &'static str, usize, usize, bool) {
         // The table is ordered like ALL (a test checks it): index it directly, since
         // kernels ask for row sizes per row.
@@ -142,6 +143,7 @@ impl ElementType {
     }
 
     /// ggml's numeric id (`enum ggml_type`).
+    #[inline]
     pub const fn id(self) -> u32 {
         self as u32
     }
@@ -157,22 +159,26 @@ impl ElementType {
     }
 
     /// Elements per block (1 for plain types).
+    #[inline]
     pub fn block_size(self) -> usize {
         self.row().2
     }
 
     /// Bytes per block (bytes per element for plain types).
+    #[inline]
     pub fn type_size(self) -> usize {
         self.row().3
     }
 
     /// Whether this is a quantized block type.
+    #[inline]
     pub fn is_quantized(self) -> bool {
         self.row().4
     }
 
     /// Bytes of a row of `n` elements: `type_size * n / block_size` (ggml's `ggml_row_size`).
     /// `n` should be a multiple of the block size; the division truncates like ggml's.
+    #[inline]
     pub fn row_size(self, n: usize) -> usize {
         self.type_size() * n / self.block_size()
     }
