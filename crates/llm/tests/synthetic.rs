@@ -138,7 +138,7 @@ fn bad_files_are_typed_errors() {
     );
 
     let mut m = base.clone();
-    m.tensors.get_mut("blk.0.attn_k.weight").unwrap().ne = [32, 32, 1, 1];
+    m.tensors.get_mut("blk.0.attn_k.weight").unwrap().ne = [64, 64, 1, 1];
     assert!(
         matches!(Llama::new(&m, o()), Err(LlmError::WrongShape { name, .. }) if name == "blk.0.attn_k.weight")
     );
