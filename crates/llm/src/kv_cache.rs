@@ -22,6 +22,21 @@ use crate::hparams::Hparams;
 pub const N_KV_PAD: usize = 256;
 
 /// The KV cache of one sequence.
+///
+/// ```
+/// use graph::Context;
+/// use llm::{Hparams, KvCache};
+/// backend_cpu::register();
+/// let hp = Hparams::smollm2_135m();
+/// let mut ctx = Context::new();
+/// let cpu = backend_cpu::cpu_device().buffer_type();
+/// let cache = KvCache::new(&mut ctx, &hp, 512, &vec![cpu; hp.n_layer])?;
+/// assert_eq!(ctx[cache.k(0)].ne(), [192, 512, 1, 1]); // keys: one cell per column
+/// assert_eq!(ctx[cache.v(0)].ne(), [512, 192, 1, 1]); // values: transposed
+/// assert_eq!(cache.n_kv(31), 256); // a 31-token prompt attends over 256 (padded) cells
+/// assert!(cache.check_room(513).is_err());
+/// # Ok::<(), llm::LlmError>(())
+/// ```
 #[derive(Debug)]
 pub struct KvCache {
     size: usize,
