@@ -16,7 +16,7 @@
 
 use graph::{Context, ElementType, Graph, RopeParams, TensorId};
 
-use crate::error::Result;
+use crate::error::{LlmError, Result};
 use crate::hparams::Hparams;
 use crate::kv_cache::KvCache;
 use crate::weights::LlamaWeights;
@@ -101,6 +101,22 @@ pub fn build_step(
     cache: &KvCache,
     s: StepShape,
 ) -> Result<StepTensors> {
+    let n_kv_ok = s.n_tokens >= 1
+        && s.kv_head
+            .checked_add(s.n_tokens)
+            .is_some_and(|end| end <= s.n_kv)
+        && s.n_kv <= cache.size();
+    if !n_kv_ok || w.layers.len() != hp.n_layer || cache.n_layer() != hp.n_layer {
+        return Err(LlmError::InvalidOption(format!(
+            "step {s:?} does not fit a cache of {} cells, or {} weight blocks / {} cache blocks \
+             for {} blocks",
+            cache.size(),
+            w.layers.len(),
+            cache.n_layer(),
+            hp.n_layer
+        )));
+    }
+    hp.validate()?;
     graph.clear();
     let n = s.n_tokens as i64;
     let hd = hp.head_dim() as i64;
@@ -132,7 +148,7 @@ pub fn build_step(
 
     let mut x = ctx.get_rows(w.tok_embd, tokens)?;
     ctx.set_name(x, "inp_embd")?;
-    let last = hp.n_layer - 1;
+    let last = hp.n_layer.saturating_sub(1);
     for (l, lw) in w.layers.iter().enumerate() {
         let cur = ctx.rms_norm(x, hp.rms_eps)?;
         let cur = ctx.mul(cur, lw.attn_norm)?;

@@ -147,6 +147,11 @@ impl KvCache {
         self.v[l]
     }
 
+    /// Blocks the cache has room for.
+    pub fn n_layer(&self) -> usize {
+        self.k.len()
+    }
+
     /// Width of one cell's keys.
     pub fn n_embd_kv(&self) -> usize {
         self.n_embd_kv
