@@ -66,3 +66,32 @@ fn a_decode_step_after_warm_up_does_not_allocate() {
     let n = ALLOCS.load(Ordering::Relaxed) - before;
     assert_eq!(n, 0, "{n} heap allocations in {STEPS} decode steps");
 }
+
+/// SmolLM2 itself (q4_1 and q8_0 products, the f16 attention over the KV cache), with 2
+/// threads: after warm-up no step allocates.
+#[test]
+#[cfg_attr(miri, ignore = "too slow under Miri")]
+fn a_smollm2_decode_step_after_warm_up_does_not_allocate() {
+    let Some(file) = common::golden::model_or_skip("no_alloc smollm2") else {
+        return;
+    };
+    let mut llama = Llama::new(
+        &file,
+        LlamaOptions {
+            threads: 2,
+            n_ctx: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    llama.eval(&[1, 9690, 198, 2683, 359, 253]).unwrap();
+    for t in 0..16 {
+        llama.eval(&[t + 100]).unwrap();
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for t in 0..16 {
+        llama.eval(&[t + 200]).unwrap();
+    }
+    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    assert_eq!(n, 0, "{n} heap allocations in 16 SmolLM2 decode steps");
+}
