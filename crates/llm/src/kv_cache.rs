@@ -1,0 +1,224 @@
+//! The KV cache: per block, F16 keys and values of every cell, in buffers of their own.
+//!
+//! Why its own buffers, outside the compute memory the scheduler plans: the cache outlives
+//! every step's graph, so it is allocated once, zeroed, and each step's graph only *views* it.
+//! Each block's cache lives on the device that holds the block's weights (a CPU buffer, the
+//! test device, or a remote server), so attention runs where the weights are and only
+//! activations cross devices.
+//!
+//! Layout, as llama.cpp's plain (non-flash-attention) path: keys `[n_embd_kv, n_ctx]` (a
+//! token's keys contiguous, heads one after another), values transposed `[n_ctx, n_embd_kv]`
+//! (one value dimension's cells contiguous) so that `V · probs` is a plain matrix product.
+//! One sequence: cell `i` holds position `i`.
+
+use backend_core::{Buffer, BufferType, BufferUsage, tensor_alloc};
+use graph::{Context, ElementType, TensorId};
+
+use crate::error::{LlmError, Result};
+use crate::hparams::Hparams;
+
+/// Cells visible to a step are padded to a multiple of this (llama.cpp's `n_pad` for the
+/// unified cache), so the attention sums run over the same lengths as the reference.
+pub const N_KV_PAD: usize = 256;
+
+/// The KV cache of one sequence.
+///
+/// ```
+/// use graph::Context;
+/// use llm::{Hparams, KvCache};
+/// backend_cpu::register();
+/// let hp = Hparams::smollm2_135m();
+/// let mut ctx = Context::new();
+/// let cpu = backend_cpu::cpu_device().buffer_type();
+/// let cache = KvCache::new(&mut ctx, &hp, 512, &vec![cpu; hp.n_layer])?;
+/// assert_eq!(ctx[cache.k(0)].ne(), [192, 512, 1, 1]); // keys: one cell per column
+/// assert_eq!(ctx[cache.v(0)].ne(), [512, 192, 1, 1]); // values: transposed
+/// assert_eq!(cache.n_kv(31), 256); // a 31-token prompt attends over 256 (padded) cells
+/// assert!(cache.check_room(513).is_err());
+/// # Ok::<(), llm::LlmError>(())
+/// ```
+#[derive(Debug)]
+pub struct KvCache {
+    size: usize,
+    n_embd_kv: usize,
+    k: Vec<TensorId>,
+    v: Vec<TensorId>,
+    used: usize,
+    buffers: Vec<Buffer>,
+}
+
+impl KvCache {
+    /// Creates the cache tensors for `n_ctx` cells in `ctx` and one zeroed buffer per
+    /// distinct buffer type in `layer_bufts` (one entry per block: where its cache lives).
+    pub fn new(
+        ctx: &mut Context,
+        hp: &Hparams,
+        n_ctx: usize,
+        layer_bufts: &[BufferType],
+    ) -> Result<Self> {
+        if n_ctx == 0 || n_ctx > 1 << 20 {
+            return Err(LlmError::InvalidOption(format!(
+                "context size {n_ctx} must be 1..=1048576"
+            )));
+        }
+        if layer_bufts.len() != hp.n_layer {
+            return Err(LlmError::InvalidOption(format!(
+                "{} cache placements for {} blocks",
+                layer_bufts.len(),
+                hp.n_layer
+            )));
+        }
+        let n_embd_kv = hp.n_embd_kv();
+        let mut k = Vec::with_capacity(hp.n_layer);
+        let mut v = Vec::with_capacity(hp.n_layer);
+        for l in 0..hp.n_layer {
+            let kt = ctx.new_tensor_2d(ElementType::F16, n_embd_kv as i64, n_ctx as i64)?;
+            ctx.set_name(kt, &format!("cache_k_l{l}"))?;
+            let vt = ctx.new_tensor_2d(ElementType::F16, n_ctx as i64, n_embd_kv as i64)?;
+            ctx.set_name(vt, &format!("cache_v_l{l}"))?;
+            k.push(kt);
+            v.push(vt);
+        }
+        // One buffer per distinct buffer type, holding the caches of the blocks placed there.
+        let mut buffers = Vec::new();
+        let mut done = vec![false; hp.n_layer];
+        for first in 0..hp.n_layer {
+            if done[first] {
+                continue;
+            }
+            let buft = &layer_bufts[first];
+            let members: Vec<usize> = (first..hp.n_layer)
+                .filter(|&l| layer_bufts[l].id() == buft.id())
+                .collect();
+            let align = buft.alignment().max(1);
+            let mut size = 0usize;
+            let mut offsets = Vec::with_capacity(members.len() * 2);
+            for &l in &members {
+                for t in [k[l], v[l]] {
+                    offsets.push((t, size));
+                    let n = buft.alloc_size(ctx.get(t)?).next_multiple_of(align);
+                    size = size
+                        .checked_add(n)
+                        .ok_or_else(|| LlmError::InvalidOption("KV cache too large".into()))?;
+                }
+                done[l] = true;
+            }
+            let buffer = buft.alloc_buffer(size)?;
+            buffer.set_usage(BufferUsage::Any);
+            buffer.clear(0)?;
+            for (t, off) in offsets {
+                tensor_alloc(ctx, &buffer, t, off)?;
+            }
+            tracing::debug!(
+                buffer = buffer.name(),
+                bytes = size,
+                blocks = members.len(),
+                "KV cache buffer"
+            );
+            buffers.push(buffer);
+        }
+        Ok(KvCache {
+            size: n_ctx,
+            n_embd_kv,
+            k,
+            v,
+            used: 0,
+            buffers,
+        })
+    }
+
+    /// Cells in the cache (the context size).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Cells holding tokens (the next token's position).
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// Key cache of block `l`, `[n_embd_kv, n_ctx]` F16.
+    pub fn k(&self, l: usize) -> TensorId {
+        self.k[l]
+    }
+
+    /// Value cache of block `l`, transposed: `[n_ctx, n_embd_kv]` F16.
+    pub fn v(&self, l: usize) -> TensorId {
+        self.v[l]
+    }
+
+    /// Blocks the cache has room for.
+    pub fn n_layer(&self) -> usize {
+        self.k.len()
+    }
+
+    /// Width of one cell's keys.
+    pub fn n_embd_kv(&self) -> usize {
+        self.n_embd_kv
+    }
+
+    /// The buffers holding the cache.
+    pub fn buffers(&self) -> &[Buffer] {
+        &self.buffers
+    }
+
+    /// Checks that `n_tokens` more cells fit.
+    pub fn check_room(&self, n_tokens: usize) -> Result<()> {
+        if n_tokens > self.size - self.used {
+            return Err(LlmError::ContextFull {
+                used: self.used,
+                requested: n_tokens,
+                n_ctx: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Cells a step of `n_tokens` new tokens attends over: the used cells plus the new
+    /// ones, rounded up to [`N_KV_PAD`], at most the cache size.
+    pub fn n_kv(&self, n_tokens: usize) -> usize {
+        (self.used + n_tokens)
+            .next_multiple_of(N_KV_PAD)
+            .max(N_KV_PAD)
+            .min(self.size)
+    }
+
+    /// Marks `n` more cells as holding tokens (after a successful step).
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.used = (self.used + n).min(self.size);
+    }
+
+    /// Forgets every token (the cells' stale contents are masked out, never read).
+    pub fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    /// Keeps only the first `n` cells' tokens.
+    pub fn truncate(&mut self, n: usize) {
+        self.used = self.used.min(n);
+    }
+}
+
+/// Writes the causal mask for `n_tokens` new tokens at positions `used..used + n_tokens`
+/// over `n_kv` cells into `out` (row-major `[n_tokens][n_kv]`): 0 where the cell's position is
+/// at most the token's, −∞ elsewhere (future and empty cells).
+pub fn fill_mask(out: &mut Vec<f32>, used: usize, n_tokens: usize, n_kv: usize) {
+    out.clear();
+    for i in 0..n_tokens {
+        let pos = used + i;
+        out.extend((0..n_kv).map(|j| if j <= pos { 0.0 } else { f32::NEG_INFINITY }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_is_causal_and_hides_empty_cells() {
+        let mut m = Vec::new();
+        fill_mask(&mut m, 2, 2, 4);
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(m, [0.0, 0.0, 0.0, inf, 0.0, 0.0, 0.0, 0.0]);
+    }
+}
