@@ -388,3 +388,43 @@ fn concurrent_checked_access_is_ordered() {
         }
     });
 }
+
+/// Regression: `view_init` summed the root's storage offset and the view offset unchecked. A
+/// root placed through the public `Tensor::set_storage` near `usize::MAX` made the sum wrap to
+/// a small offset, and a write through the view landed on another tensor of the buffer.
+#[test]
+fn view_init_refuses_a_wrapping_offset_and_corrupts_nothing() {
+    let (mut ctx, buf, other) = setup(128);
+    tensor_set(&ctx, other, 0, &[0x11; 32]).unwrap();
+    let root = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    // a view at byte 48 of the root: with the root at usize::MAX - 15 the sum wraps to 32,
+    // which is where `other` lives
+    let v = ctx.view_1d(root, 4, 48).unwrap();
+    ctx[root].set_storage(Some(buf.storage_at(usize::MAX - 15)));
+    let before = bytes(&buf);
+    assert!(matches!(
+        view_init(&mut ctx, v).unwrap_err(),
+        BackendError::OutOfBounds { .. }
+    ));
+    assert!(!ctx[v].has_storage());
+    assert!(matches!(
+        tensor_set(&ctx, v, 0, &[0xEE; 16]).unwrap_err(),
+        BackendError::NotAllocated(_)
+    ));
+    // the root itself is refused at use, as it lies outside its buffer
+    assert!(matches!(
+        tensor_set(&ctx, root, 0, &[0xEE; 4]).unwrap_err(),
+        BackendError::OutOfBounds { .. }
+    ));
+    assert_eq!(bytes(&buf), before);
+    // still usable: a root placed properly gets a working view
+    ctx[root].set_storage(None);
+    let root2 = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    let v2 = ctx.view_1d(root2, 4, 48).unwrap();
+    tensor_alloc(&mut ctx, &buf, root2, 64).unwrap();
+    view_init(&mut ctx, v2).unwrap();
+    tensor_set(&ctx, v2, 0, &[0x22; 16]).unwrap();
+    let after = bytes(&buf);
+    assert_eq!(&after[32..64], &[0x11; 32]);
+    assert_eq!(&after[112..128], &[0x22; 16]);
+}

@@ -175,7 +175,14 @@ impl Context {
             self.get(s)?;
         }
         let t = self.get_mut(id)?;
-        t.src[slot] = src;
+        let Some(dst) = t.src.get_mut(slot) else {
+            return Err(GraphError::IndexOutOfRange {
+                what: "source slot",
+                index: slot,
+                limit: MAX_SRC,
+            });
+        };
+        *dst = src;
         t.refresh_n_src();
         Ok(())
     }

@@ -367,3 +367,72 @@ proptest! {
         prop_assert_eq!(t.view_offs(), off_rows as usize * row);
     }
 }
+
+/// Regression: `Context::set_src` indexed its slot unchecked although it returns a `Result`.
+#[test]
+fn set_src_refuses_a_slot_past_the_last() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let b = ctx.sqr(a).unwrap();
+    for slot in [graph::MAX_SRC, graph::MAX_SRC + 1, usize::MAX] {
+        assert!(matches!(
+            ctx.set_src(b, slot, Some(a)),
+            Err(GraphError::IndexOutOfRange { index, limit: graph::MAX_SRC, .. }) if index == slot
+        ));
+    }
+    assert_eq!(ctx[b].src(0), Some(a));
+    // the last slot is fine, and the tensor is usable after the errors
+    ctx.set_src(b, graph::MAX_SRC - 1, Some(a)).unwrap();
+    assert_eq!(ctx[b].src(graph::MAX_SRC - 1), Some(a));
+    ctx.set_src(b, graph::MAX_SRC - 1, None).unwrap();
+    assert_eq!(ctx[b].srcs_used().len(), 1);
+}
+
+/// Regression: `view_2d` with a row stride near `usize::MAX` was accepted with a byte size
+/// that wrapped to 0, and the CPU kernel's row check fired later.
+#[test]
+fn strided_views_with_overflowing_or_overlong_extents_are_refused() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_2d(ElementType::F32, 4, 4).unwrap(); // 64 bytes
+    let n = ctx.len();
+    for nb1 in [
+        usize::MAX,
+        usize::MAX - 3,
+        usize::MAX / 2,
+        usize::MAX / 3 + 1,
+    ] {
+        assert!(
+            matches!(
+                ctx.view_2d(a, 4, 4, nb1, 0),
+                Err(GraphError::ViewOutOfRange { .. })
+            ),
+            "nb1 = {nb1}"
+        );
+        assert!(matches!(
+            ctx.view_3d(a, 4, 2, 2, 16, nb1, 0),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+        assert!(matches!(
+            ctx.view_4d(a, 4, 1, 1, 2, 16, 16, nb1, 0),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+    }
+    // the exact bound: 3 rows of 16 bytes + 16 bytes = 64 fits, one byte more of stride not
+    assert_eq!(ctx.len(), n, "a refused view creates nothing");
+    let v = ctx.view_2d(a, 4, 4, 16, 0).unwrap();
+    assert_eq!(ctx[v].nbytes(), 64);
+    assert!(ctx.view_2d(a, 4, 4, 17, 0).is_err());
+    assert!(ctx.view_2d(a, 4, 3, 16, 16).is_ok());
+    assert!(ctx.view_2d(a, 4, 3, 16, 17).is_err());
+    // a view of a view counts from the root
+    let w = ctx.view_1d(a, 8, 32).unwrap();
+    assert!(ctx.view_2d(w, 4, 2, 16, 0).is_ok());
+    assert!(ctx.view_2d(w, 4, 2, 16, 4).is_err());
+    // strides of 0 (broadcast rows) are fine
+    assert_eq!(ctx.view_2d(a, 4, 4, 0, 0).map(|v| ctx[v].nbytes()), Ok(16));
+    // extents of 0: empty, whatever the stride
+    assert_eq!(
+        ctx.view_2d(a, 4, 0, usize::MAX, 0).map(|v| ctx[v].nbytes()),
+        Ok(0)
+    );
+}
