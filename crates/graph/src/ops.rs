@@ -304,6 +304,8 @@ impl Context {
                 why: "row indices must be i32",
             });
         }
+        // (ggml's checks; the CPU kernel, which reads row `rows[i0, i1, i2]` of `a`'s matrix
+        // `(i1, i2)`, also needs a.ne3 == rows.ne2 and refuses the node otherwise)
         if ta.ne[2] != tb.ne[1] || tb.ne[3] != 1 {
             return Err(GraphError::ShapeMismatch {
                 op: Op::GetRows,
@@ -517,7 +519,7 @@ impl Context {
     pub fn cont_shape(&mut self, a: TensorId, ne: &[i64]) -> Result<TensorId, GraphError> {
         let ta = self.check(a)?;
         let (ty, ane, n) = (ta.ty, ta.ne, ta.nelements());
-        if ne.iter().product::<i64>() != n {
+        if checked_count(ne) != Some(n) {
             let mut b = [1i64; MAX_DIMS];
             for (d, &v) in b.iter_mut().zip(ne) {
                 *d = v;
@@ -580,6 +582,12 @@ impl Context {
         self.set_op(r, Op::Cpy, &[Some(a), Some(b)]);
         Ok(r)
     }
+}
+
+/// The element count of extents `ne`, `None` when the product overflows (then it matches no
+/// tensor's count).
+fn checked_count(ne: &[i64]) -> Option<i64> {
+    ne.iter().try_fold(1i64, |acc, &n| acc.checked_mul(n))
 }
 
 /// `stride * ne` as the next stride of a `view_Nd`, overflow being a view out of range
@@ -771,8 +779,7 @@ impl Context {
             return Err(GraphError::NotContiguous { op: Op::Reshape });
         }
         let (ty, ane, n) = (ta.ty, ta.ne, ta.nelements());
-        let want: i64 = ne.iter().product();
-        if want != n || ne.is_empty() || ne.len() > MAX_DIMS {
+        if checked_count(ne) != Some(n) || ne.is_empty() || ne.len() > MAX_DIMS {
             let mut b = [1i64; MAX_DIMS];
             for (d, &v) in b.iter_mut().zip(ne) {
                 *d = v;

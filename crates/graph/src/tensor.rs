@@ -476,6 +476,9 @@ pub fn checked_nbytes(
     let mut bytes = if blck == 1 {
         ty.type_size()
             .checked_add((ne[0] as usize - 1).checked_mul(nb[0])?)?
+    } else if (ne[0] as usize).is_multiple_of(blck) {
+        // equal to ggml's `ne0 * nb0 / blck`, without its overflow on huge rows
+        (ne[0] as usize / blck).checked_mul(nb[0])?
     } else {
         (ne[0] as usize).checked_mul(nb[0])? / blck
     };
