@@ -895,12 +895,23 @@ impl GraphAllocator {
             self.allocate_at(ctx, leaf, t, leaf_id(j), encode_pos(j, LEAF))?;
         }
 
-        // Phase 2: count consumers and views, place INPUT tensors.
+        // Phase 2: count consumers and views, place INPUT tensors. View leafs count too:
+        // phase 3 releases a view's count on its root when the view's last consumer is done,
+        // leaf or not, and the reference, counting node views only, let the root of a view
+        // leaf be freed and overwritten while the view was still to be read. (Node views
+        // without an op count as in the reference, which skips them: the scheduler's
+        // dependency views are such nodes, and the reference fixtures' plans depend on it;
+        // a PARAM view, the other way to make an op-less view a node, counts.)
+        for &leaf in leafs {
+            if let Some(root) = ctx.get(leaf)?.view_src() {
+                self.records.get(root).n_views += 1;
+            }
+        }
         for (i, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             if let Some(root) = t.view_src() {
                 let r = self.records.get(root);
-                if t.op() != Op::None {
+                if t.op() != Op::None || t.flags().contains(TensorFlags::PARAM) {
                     r.n_views += 1;
                 }
                 if t.flags().contains(TensorFlags::OUTPUT) {

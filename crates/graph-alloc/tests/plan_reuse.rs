@@ -195,3 +195,33 @@ fn a_plan_is_not_reused_where_an_in_place_write_would_clobber_a_live_tensor() {
     assert_ne!(off(y), off(x), "y must not be written over the input x");
     assert_ne!(off(z), off(x), "z must not be written over the input x");
 }
+
+/// Regression (found by the scheduler's property test): views were counted on their root only
+/// when they were nodes with an op, so the root of a view *leaf* was freed after its last
+/// direct consumer and its memory given to a later node while the view was still to be read.
+#[test]
+fn the_root_of_a_view_leaf_lives_until_the_view_is_read() {
+    let mut ctx = Context::new();
+    let t0 = ctx.new_tensor_1d(F32, 4).unwrap();
+    let t1 = ctx.sqr(t0).unwrap();
+    let t2 = ctx.sqr(t1).unwrap();
+    let v = ctx.view_tensor(t0).unwrap(); // a leaf: no op
+    let t4 = ctx.add(t2, v).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, t4).unwrap();
+    assert!(g.leafs().contains(&v));
+    let mut galloc = GraphAllocator::new(&[cpu_like()]);
+    galloc.alloc_graph(&mut ctx, &g).unwrap();
+    let range = |t: TensorId| {
+        let o = ctx[t].storage().unwrap().offset;
+        o..o + 16
+    };
+    let root = range(t0);
+    for t in [t1, t2] {
+        let r = range(t);
+        assert!(
+            r.end <= root.start || root.end <= r.start,
+            "{t:?} at {r:?} overlaps the root at {root:?}, read later through the view"
+        );
+    }
+}

@@ -719,7 +719,7 @@ impl Context {
         let src_size = root.nbytes();
         let extent = crate::tensor::checked_nbytes(ty, ne, nb);
         match (extent, offs) {
-            (Some(0), Some(_)) => Ok(()),
+            (Some(0), Some(offs)) if offs <= src_size => Ok(()),
             (Some(size), Some(offs)) if offs.checked_add(size).is_some_and(|e| e <= src_size) => {
                 Ok(())
             }

@@ -436,3 +436,60 @@ fn strided_views_with_overflowing_or_overlong_extents_are_refused() {
         Ok(0)
     );
 }
+
+/// Regressions found by the scheduler's property test: `reshape` and `cont_shape` multiplied
+/// the requested extents unchecked (a debug panic), and `nbytes` of a block type multiplied
+/// `ne0 * nb0` before dividing by the block size, overflowing for rows whose byte size fits.
+#[test]
+fn element_counts_and_block_row_sizes_do_not_overflow() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 1).unwrap();
+    let n = ctx.len();
+    for ne in [
+        [2, 1 << 62],
+        [1 << 32, 1 << 32],
+        [i64::MAX, 2],
+        [-1, i64::MIN],
+    ] {
+        assert!(matches!(
+            ctx.reshape(a, &ne),
+            Err(GraphError::ShapeMismatch { .. })
+        ));
+        assert!(matches!(
+            ctx.cont_shape(a, &ne),
+            Err(GraphError::ShapeMismatch { .. })
+        ));
+    }
+    assert_eq!(ctx.len(), n);
+    // q4_0: 18 bytes per 32 elements; a row of 2^62 elements is 18 * 2^57 bytes
+    let q = ctx.new_tensor_2d(ElementType::Q4_0, 1 << 62, 0).unwrap();
+    assert_eq!(ctx[q].nb()[1], 18 << 57);
+    assert_eq!(
+        nbytes(ElementType::Q4_0, [1 << 62, 1, 1, 1], [18, 18 << 57, 0, 0]),
+        18 << 57
+    );
+    assert_eq!(
+        graph::checked_nbytes(ElementType::Q4_0, [64, 1, 1, 1], [18, 36, 36, 36]),
+        Some(36)
+    );
+}
+
+/// Regression: an empty view could sit at any offset (ggml skips the range check for empty
+/// views), so placing it added an arbitrary offset to its root's; the graph allocator's sum
+/// overflowed for a root placed above offset 0. Empty views past their root's end are refused.
+#[test]
+fn empty_views_past_the_end_of_their_root_are_refused() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    assert!(ctx.view_1d(a, 0, 16).is_ok());
+    for offset in [17, 1 << 40, usize::MAX] {
+        assert!(matches!(
+            ctx.view_1d(a, 0, offset),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+        assert!(matches!(
+            ctx.view_2d(a, 4, 0, 16, offset),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+    }
+}
