@@ -428,3 +428,71 @@ fn view_init_refuses_a_wrapping_offset_and_corrupts_nothing() {
     assert_eq!(&after[32..64], &[0x11; 32]);
     assert_eq!(&after[112..128], &[0x22; 16]);
 }
+
+/// Every data call and placement at and around its bounds: 0, the exact end, one past it and
+/// values near `usize::MAX` (where an unchecked `offset + size` would wrap).
+#[test]
+fn data_calls_and_placement_at_their_bounds() {
+    let (mut ctx, buf, t) = setup(128); // t: 32 bytes at offset 32
+    let n = 32usize;
+    let before = bytes(&buf);
+    let huge = [
+        usize::MAX,
+        usize::MAX - 1,
+        usize::MAX - n + 1,
+        usize::MAX / 2 + 1,
+    ];
+    // (offset, size, in range)
+    let mut cases = vec![
+        (0, n, true),
+        (n - 1, 1, true),
+        (n, 0, true),
+        (0, 0, true),
+        (n, 1, false),
+        (n - 1, 2, false),
+        (0, n + 1, false),
+    ];
+    for h in huge {
+        cases.push((h, 1, false));
+        cases.push((h, 0, true)); // empty: nothing to do, accepted
+        cases.push((1, h, false));
+    }
+    for (offset, size, ok) in cases {
+        let r = tensor_memset(&ctx, t, 0, offset, size);
+        assert_eq!(r.is_ok(), ok, "memset {offset} {size}: {r:?}");
+        if size <= n + 1 {
+            let r = tensor_set(&ctx, t, offset, &vec![0; size]);
+            assert_eq!(r.is_ok(), ok, "set {offset} {size}: {r:?}");
+            let r = tensor_get(&ctx, t, offset, &mut vec![0; size]);
+            assert_eq!(r.is_ok(), ok, "get {offset} {size}: {r:?}");
+        }
+    }
+    // nothing written by a refused call (the accepted ones wrote zeros into t's 32 bytes)
+    let after = bytes(&buf);
+    assert_eq!(&after[..32], &before[..32]);
+    assert_eq!(&after[64..], &before[64..]);
+
+    // placement: aligned offsets up to the exact end fit, past it (or wrapping) do not
+    let size = buf.size();
+    for (offset, ok) in [
+        (size - 32, true),
+        (size, false),
+        (size - 16, false),
+        (usize::MAX - 31, false),
+        (usize::MAX & !31, false),
+    ] {
+        let u = ctx.new_tensor_1d(ElementType::F32, 8).unwrap();
+        let r = tensor_alloc(&mut ctx, &buf, u, offset);
+        assert_eq!(r.is_ok(), ok, "alloc at {offset}: {r:?}");
+        assert_eq!(ctx[u].has_storage(), ok);
+    }
+    // a tensor placed by hand past its buffer is refused at every use
+    let w = ctx.new_tensor_1d(ElementType::F32, 8).unwrap();
+    ctx[w].set_storage(Some(buf.storage_at(usize::MAX - 7)));
+    assert!(tensor_set(&ctx, w, 0, &[1; 4]).is_err());
+    assert!(tensor_get(&ctx, w, 0, &mut [0; 4]).is_err());
+    assert!(tensor_memset(&ctx, w, 1, 0, 4).is_err());
+    assert!(tensor_copy(&ctx, w, t).is_err());
+    assert!(tensor_copy(&ctx, t, w).is_err());
+    assert_eq!(&bytes(&buf)[64..], &before[64..]);
+}

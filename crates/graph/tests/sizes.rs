@@ -493,3 +493,86 @@ fn empty_views_past_the_end_of_their_root_are_refused() {
         ));
     }
 }
+
+/// Every constructor that takes extents, strides or offsets, at and around its bounds.
+#[test]
+fn constructors_at_their_bounds() {
+    let mut ctx = Context::new();
+    // extents: 0 is an empty tensor, negative or overflowing products are refused
+    assert_eq!(
+        ctx.new_tensor_1d(ElementType::F32, 0)
+            .map(|t| ctx[t].nbytes()),
+        Ok(0)
+    );
+    for ne in [
+        vec![-1],
+        vec![i64::MAX],
+        vec![1 << 62, 2],
+        vec![i64::MAX, 0, -1],
+        vec![1 << 31, 1 << 31, 1 << 31],
+        vec![],
+        vec![1, 1, 1, 1, 1],
+    ] {
+        let n = ctx.len();
+        assert!(
+            matches!(
+                ctx.new_tensor(ElementType::F32, &ne),
+                Err(GraphError::InvalidShape { .. })
+            ),
+            "{ne:?}"
+        );
+        assert_eq!(ctx.len(), n);
+    }
+    // the largest f32 row whose byte size fits
+    let max = (usize::MAX / 4) as i64;
+    assert!(ctx.new_tensor_1d(ElementType::F32, max).is_ok());
+    assert!(ctx.new_tensor_1d(ElementType::F32, max + 1).is_err());
+
+    // view offsets: up to the exact end of the root, with checked sums through a view chain
+    let a = ctx.new_tensor_1d(ElementType::F32, 16).unwrap(); // 64 bytes
+    for (ne, offset, ok) in [
+        (16, 0, true),
+        (1, 60, true),
+        (1, 61, false),
+        (2, 60, false),
+        (0, 64, true),
+        (0, 65, false),
+        (1, usize::MAX, false),
+        (1, usize::MAX - 3, false),
+        (16, usize::MAX - 63, false),
+    ] {
+        assert_eq!(
+            ctx.view_1d(a, ne, offset).is_ok(),
+            ok,
+            "view_1d {ne} at {offset}"
+        );
+    }
+    let v = ctx.view_1d(a, 8, 32).unwrap();
+    assert!(ctx.view_1d(v, 8, 0).is_ok());
+    assert!(ctx.view_1d(v, 8, 4).is_err());
+    assert!(ctx.view_1d(v, 1, usize::MAX - 31).is_err());
+    // strides: a 4-d view at its exact extent, and one stride past it
+    let b = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, 32, 0).is_ok());
+    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, 33, 0).is_err());
+    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, usize::MAX, 0).is_err());
+    assert!(
+        ctx.view(b, &[2, 2], Some([4, usize::MAX, 0, 0]), 0)
+            .is_err()
+    );
+    // explicit strides through the graph-file form
+    assert!(ctx.view(b, &[2, 2], Some([4, 8, 16, 16]), 0).is_ok());
+    // reshape: element counts must match exactly
+    assert!(ctx.reshape(b, &[4, 4]).is_ok());
+    assert!(ctx.reshape(b, &[4, 5]).is_err());
+    assert!(ctx.reshape(b, &[i64::MAX, i64::MAX]).is_err());
+    // graph ranges and source slots
+    let s = ctx.sqr(b).unwrap();
+    let mut g = graph::Graph::new(4);
+    g.build_forward_expand(&mut ctx, s).unwrap();
+    assert!(g.view(0..1).is_ok());
+    assert!(g.view(1..1).is_ok());
+    assert!(g.view(0..2).is_err());
+    assert!(g.view(usize::MAX..usize::MAX).is_err());
+    assert!(ctx.set_src(s, graph::MAX_SRC, None).is_err());
+}
