@@ -873,16 +873,12 @@ mod prop {
                             let ty = ctx[o].ty();
                             let (a, b) = (read(&ctx, o), read(&want, o));
                             if a.is_none() || b.is_none() {
-                                // A view whose root is placed by nobody (a root in no graph),
-                                // or a view leaf whose root is placed only after the view was
-                                // visited, is left unplaced (ggml asserts instead); reading it
-                                // is a typed error. Nothing else may be unreadable after a
-                                // successful compute.
-                                let may_be_unplaced = |c: &Context| {
-                                    c[o].view_src().is_some_and(|r| {
-                                        c[o].op() == Op::None || !c[r].has_storage()
-                                    })
-                                };
+                                // A view whose root is placed by nobody (a root in no graph)
+                                // or only after the view was visited (a view leaf, or a view
+                                // node before an op-less PARAM root) is left unplaced (ggml
+                                // asserts instead); reading it is a typed error. Nothing else
+                                // may be unreadable after a successful compute.
+                                let may_be_unplaced = |c: &Context| c[o].view_src().is_some();
                                 prop_assert!(
                                     (a.is_some() || may_be_unplaced(&ctx))
                                         && (b.is_some() || may_be_unplaced(&want)),
@@ -961,4 +957,42 @@ mod prop {
             panic!("{e}");
         }
     }
+}
+
+/// Regression (found by the property test): the test device read a host source of an
+/// asynchronous copy later, on its worker; the scheduler's next split on the CPU reused the
+/// freed source's memory first, so the device computed with the CPU's next result (and the two
+/// threads raced on the bytes). With a transfer latency the deferred read always lost.
+#[test]
+fn a_host_source_copied_to_a_device_is_read_before_the_cpu_reuses_it() {
+    use graph::Op;
+    use std::time::Duration;
+    use test_device::{TestDevice, TestDeviceConfig};
+    let dev = TestDevice::create(
+        TestDeviceConfig::named("D1")
+            .supported_ops([Op::MulMat, Op::Div])
+            .transfer_latency(Duration::from_millis(2)),
+    )
+    .unwrap();
+    let mut sched =
+        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu()], None, 16, false).unwrap();
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_2d(ElementType::F32, 1, 1).unwrap();
+    ctx.set_output(x).unwrap();
+    let sq = ctx.mul_mat(x, x).unwrap(); // on the device
+    let twice = ctx.add(x, x).unwrap(); // on the CPU, copied to the device
+    let q = ctx.div(twice, sq).unwrap(); // on the device: 2x / x^2
+    let later = ctx.sqr(x).unwrap(); // on the CPU after the copy: may reuse `twice`'s bytes
+    ctx.set_output(q).unwrap();
+    ctx.set_output(later).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, q).unwrap();
+    g.build_forward_expand(&mut ctx, later).unwrap();
+    sched.alloc_graph(&mut ctx, &g).unwrap();
+    assert_eq!(sched.tensor_backend(twice), Some(1));
+    assert_eq!(sched.tensor_backend(q), Some(0));
+    tensor_set(&ctx, x, 0, &f32_bytes(&[0.25])).unwrap();
+    sched.graph_compute(&mut ctx, &g).unwrap();
+    assert_eq!(read_f32(&ctx, q), [8.0]);
+    assert_eq!(read_f32(&ctx, later), [0.0625]);
 }

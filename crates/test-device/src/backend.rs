@@ -205,19 +205,38 @@ impl BackendImpl for TestBackend {
             // Another device's memory: let the caller stage it through the host.
             return Ok(false);
         }
-        // Host to device: the source backend must have finished writing it; then the read of
-        // host memory happens later, on our worker, like a DMA from pinned memory.
+        // Host to device: the source backend must have finished writing it. The bytes are read
+        // now, not later on our worker: the host memory belongs to another backend, which may
+        // reuse it for its next work as soon as this call returns (the scheduler's next split
+        // on the CPU overwrote a freed source before a deferred read ran: wrong results, and a
+        // data race). CUDA stages pageable host memory the same way.
         src_backend.synchronize()?;
+        let base = src_buf.host_ptr().ok_or_else(|| {
+            BackendError::failed("test device", "host source buffer lost its memory")
+        })?;
+        if src_storage
+            .offset
+            .checked_add(len)
+            .is_none_or(|end| end > src_buf.size())
+        {
+            return Err(BackendError::out_of_bounds(
+                "test device copy",
+                src_storage.offset,
+                len,
+                src_buf.size(),
+            ));
+        }
+        // SAFETY: `src_buf` is host memory of `src_buf.size()` bytes kept alive by the handle
+        // we hold, the range lies inside it (checked above), and its backend has finished
+        // writing it (synchronized above).
+        let staged =
+            unsafe { std::slice::from_raw_parts(base.as_ptr().add(src_storage.offset), len) }
+                .to_vec();
         self.queue_transfer(move |bus| {
-            let base = src_buf.host_ptr().ok_or_else(|| {
-                BackendError::failed("test device", "host source buffer lost its memory")
-            })?;
-            // SAFETY: `src_buf` is host memory of `src_buf.size()` bytes kept alive by the
-            // handle this closure owns; the tensor lies inside it (`tensor_alloc`/`view_init`
-            // checked `src_storage.offset + len <= size`), so the range is readable.
-            let from = unsafe { base.add(src_storage.offset) };
-            debug_assert!(src_storage.offset + len <= src_buf.size());
-            // SAFETY: as above, `from` is valid for `len` bytes for the duration of the call.
+            let mut staged = staged;
+            let from = std::ptr::NonNull::new(staged.as_mut_ptr())
+                .ok_or_else(|| BackendError::failed("test device", "null staging pointer"))?;
+            // SAFETY: `staged` is our own vector of `len` bytes, alive for the call.
             unsafe { dst_mem.write_from_host(bus, dst_at, from, len) }
         })?;
         Ok(true)
