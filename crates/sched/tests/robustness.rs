@@ -695,7 +695,13 @@ mod prop {
     }
 
     fn read(ctx: &Context, t: TensorId) -> Option<Vec<u8>> {
-        let n = ctx.get(t).ok()?.nbytes();
+        let x = ctx.get(t).ok()?;
+        // (an unplaced tensor may have a huge extent: do not allocate for it)
+        let st = x.storage()?;
+        let n = x.nbytes();
+        if st.buffer.storage_size() < n {
+            return None;
+        }
         let mut b = vec![0u8; n];
         tensor_get(ctx, t, 0, &mut b).ok()?;
         Some(b)
