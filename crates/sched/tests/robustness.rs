@@ -824,6 +824,15 @@ mod prop {
         }
         if built && !g.nodes().is_empty() {
             count(1);
+            // Tensors the caller fills (op-less, not views, not placed) are flagged INPUT, as
+            // the allocators require for data written before compute: other unplaced tensors
+            // may share memory with nodes computed earlier (ggml's contract too).
+            for &t in g.leafs().iter().chain(g.nodes()) {
+                let x = &ctx[t];
+                if x.op() == Op::None && !x.is_view() && !x.has_storage() {
+                    ctx.set_input(t).unwrap();
+                }
+            }
             let before = ctx.clone();
             match sched.alloc_graph(&mut ctx, &g) {
                 Err(_) => {}
