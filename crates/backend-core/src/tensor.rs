@@ -137,7 +137,7 @@ pub fn tensor_copy(ctx: &Context, src: TensorId, dst: TensorId) -> Result<()> {
     if src == dst {
         return Ok(());
     }
-    let n = ctx[src].nbytes();
+    let n = ctx.get(src)?.nbytes();
     let s = locate(ctx, src, 0, n, "tensor_copy")?;
     let d = locate(ctx, dst, 0, n, "tensor_copy")?;
     check_writable(&d)?;
@@ -215,13 +215,13 @@ pub fn tensor_copy_async(
     if src == dst {
         return Ok(());
     }
-    let n = ctx[src].nbytes();
-    locate(ctx, src, 0, n, "tensor_copy_async")?;
+    let n = ctx.get(src)?.nbytes();
+    let s = locate(ctx, src, 0, n, "tensor_copy_async")?;
     let d = locate(ctx, dst, 0, n, "tensor_copy_async")?;
     check_writable(&d)?;
     if backend_dst
         .implementation()
-        .cpy_tensor_async(backend_src, &ctx[src], &ctx[dst])?
+        .cpy_tensor_async(backend_src, s.tensor, d.tensor)?
     {
         return Ok(());
     }
@@ -267,7 +267,8 @@ pub fn tensor_alloc(
             buffer.size(),
         ));
     }
-    ctx[tensor].set_storage(Some(buffer.storage_at(offset)));
+    ctx.get_mut(tensor)?
+        .set_storage(Some(buffer.storage_at(offset)));
     init_or_undo(ctx, buffer, tensor)
 }
 
@@ -275,10 +276,11 @@ pub fn tensor_alloc(
 /// storage is taken away again, so a failed placement changes nothing. (Setting first and
 /// undoing on error avoids cloning the tensor for the hook on the allocators' hot path.)
 fn init_or_undo(ctx: &mut Context, buffer: &Buffer, tensor: TensorId) -> Result<()> {
+    let t = ctx.get_mut(tensor)?;
     if let Some(b) = buffer.implementation()
-        && let Err(e) = b.init_tensor(&ctx[tensor])
+        && let Err(e) = b.init_tensor(t)
     {
-        ctx[tensor].set_storage(None);
+        t.set_storage(None);
         return Err(e);
     }
     Ok(())
@@ -296,13 +298,19 @@ pub fn view_init(ctx: &mut Context, tensor: TensorId) -> Result<()> {
         .get(root)?
         .storage()
         .ok_or(BackendError::ViewSourceNotAllocated(tensor))?;
+    // The root's offset comes from the public `Tensor::set_storage`, so the sum is checked: a
+    // wrapped offset would place the view over another tensor of the buffer.
+    let offset = rs
+        .offset
+        .checked_add(offs)
+        .ok_or_else(|| BackendError::out_of_bounds("view_init", rs.offset, offs, usize::MAX))?;
     // One reference-count increment per view: the new storage's. The buffer's hook is
     // reached through the storage itself instead of through a cloned `Buffer` handle.
     let storage = TensorStorage {
         buffer: rs.buffer.clone(),
-        offset: rs.offset + offs,
+        offset,
     };
-    let t = &mut ctx[tensor];
+    let t = ctx.get_mut(tensor)?;
     t.set_storage(Some(storage));
     let imp = t
         .storage()

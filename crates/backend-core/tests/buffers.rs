@@ -388,3 +388,111 @@ fn concurrent_checked_access_is_ordered() {
         }
     });
 }
+
+/// Regression: `view_init` summed the root's storage offset and the view offset unchecked. A
+/// root placed through the public `Tensor::set_storage` near `usize::MAX` made the sum wrap to
+/// a small offset, and a write through the view landed on another tensor of the buffer.
+#[test]
+fn view_init_refuses_a_wrapping_offset_and_corrupts_nothing() {
+    let (mut ctx, buf, other) = setup(128);
+    tensor_set(&ctx, other, 0, &[0x11; 32]).unwrap();
+    let root = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    // a view at byte 48 of the root: with the root at usize::MAX - 15 the sum wraps to 32,
+    // which is where `other` lives
+    let v = ctx.view_1d(root, 4, 48).unwrap();
+    ctx[root].set_storage(Some(buf.storage_at(usize::MAX - 15)));
+    let before = bytes(&buf);
+    assert!(matches!(
+        view_init(&mut ctx, v).unwrap_err(),
+        BackendError::OutOfBounds { .. }
+    ));
+    assert!(!ctx[v].has_storage());
+    assert!(matches!(
+        tensor_set(&ctx, v, 0, &[0xEE; 16]).unwrap_err(),
+        BackendError::NotAllocated(_)
+    ));
+    // the root itself is refused at use, as it lies outside its buffer
+    assert!(matches!(
+        tensor_set(&ctx, root, 0, &[0xEE; 4]).unwrap_err(),
+        BackendError::OutOfBounds { .. }
+    ));
+    assert_eq!(bytes(&buf), before);
+    // still usable: a root placed properly gets a working view
+    ctx[root].set_storage(None);
+    let root2 = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    let v2 = ctx.view_1d(root2, 4, 48).unwrap();
+    tensor_alloc(&mut ctx, &buf, root2, 64).unwrap();
+    view_init(&mut ctx, v2).unwrap();
+    tensor_set(&ctx, v2, 0, &[0x22; 16]).unwrap();
+    let after = bytes(&buf);
+    assert_eq!(&after[32..64], &[0x11; 32]);
+    assert_eq!(&after[112..128], &[0x22; 16]);
+}
+
+/// Every data call and placement at and around its bounds: 0, the exact end, one past it and
+/// values near `usize::MAX` (where an unchecked `offset + size` would wrap).
+#[test]
+fn data_calls_and_placement_at_their_bounds() {
+    let (mut ctx, buf, t) = setup(128); // t: 32 bytes at offset 32
+    let n = 32usize;
+    let before = bytes(&buf);
+    let huge = [
+        usize::MAX,
+        usize::MAX - 1,
+        usize::MAX - n + 1,
+        usize::MAX / 2 + 1,
+    ];
+    // (offset, size, in range)
+    let mut cases = vec![
+        (0, n, true),
+        (n - 1, 1, true),
+        (n, 0, true),
+        (0, 0, true),
+        (n, 1, false),
+        (n - 1, 2, false),
+        (0, n + 1, false),
+    ];
+    for h in huge {
+        cases.push((h, 1, false));
+        cases.push((h, 0, true)); // empty: nothing to do, accepted
+        cases.push((1, h, false));
+    }
+    for (offset, size, ok) in cases {
+        let r = tensor_memset(&ctx, t, 0, offset, size);
+        assert_eq!(r.is_ok(), ok, "memset {offset} {size}: {r:?}");
+        if size <= n + 1 {
+            let r = tensor_set(&ctx, t, offset, &vec![0; size]);
+            assert_eq!(r.is_ok(), ok, "set {offset} {size}: {r:?}");
+            let r = tensor_get(&ctx, t, offset, &mut vec![0; size]);
+            assert_eq!(r.is_ok(), ok, "get {offset} {size}: {r:?}");
+        }
+    }
+    // nothing written by a refused call (the accepted ones wrote zeros into t's 32 bytes)
+    let after = bytes(&buf);
+    assert_eq!(&after[..32], &before[..32]);
+    assert_eq!(&after[64..], &before[64..]);
+
+    // placement: aligned offsets up to the exact end fit, past it (or wrapping) do not
+    let size = buf.size();
+    for (offset, ok) in [
+        (size - 32, true),
+        (size, false),
+        (size - 16, false),
+        (usize::MAX - 31, false),
+        (usize::MAX & !31, false),
+    ] {
+        let u = ctx.new_tensor_1d(ElementType::F32, 8).unwrap();
+        let r = tensor_alloc(&mut ctx, &buf, u, offset);
+        assert_eq!(r.is_ok(), ok, "alloc at {offset}: {r:?}");
+        assert_eq!(ctx[u].has_storage(), ok);
+    }
+    // a tensor placed by hand past its buffer is refused at every use
+    let w = ctx.new_tensor_1d(ElementType::F32, 8).unwrap();
+    ctx[w].set_storage(Some(buf.storage_at(usize::MAX - 7)));
+    assert!(tensor_set(&ctx, w, 0, &[1; 4]).is_err());
+    assert!(tensor_get(&ctx, w, 0, &mut [0; 4]).is_err());
+    assert!(tensor_memset(&ctx, w, 1, 0, 4).is_err());
+    assert!(tensor_copy(&ctx, w, t).is_err());
+    assert!(tensor_copy(&ctx, t, w).is_err());
+    assert_eq!(&bytes(&buf)[64..], &before[64..]);
+}

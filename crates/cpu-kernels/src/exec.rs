@@ -670,6 +670,18 @@ impl Exec<'_> {
         let k = a.ne[0];
         let m = a.ne[1];
         let n = b.ne[1];
+        if k == 0 {
+            // every dot product is over no terms (the paths below split rows by `k`)
+            let zeros = vec![0.0f32; dst.ne[0]];
+            for i3 in 0..dst.ne[3] {
+                for i2 in 0..dst.ne[2] {
+                    for i1 in 0..dst.ne[1] {
+                        dst.store_f32(0, i1, i2, i3, &zeros);
+                    }
+                }
+            }
+            return Ok(());
+        }
         let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
         let n_batch = dst.ne[2] * dst.ne[3];
         // q4_0 weights always take the dot path: its kernel unpacks each block once for four

@@ -560,6 +560,8 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
                     && r.ty() == ElementType::I32
                     && t.ne() == [a.ne()[0], r.ne()[0], r.ne()[1], r.ne()[2]]
                     && a.ne()[2] == r.ne()[1]
+                    && a.ne()[3] == r.ne()[2]
+                    && r.ne()[3] == 1
             }
             _ => false,
         },

@@ -140,6 +140,11 @@ impl TView {
             i1 < self.ne[1] && i2 < self.ne[2] && i3 < self.ne[3] && i0 + n <= self.ne[0],
             "row access outside tensor extents (a kernel bug)"
         );
+        // No overflow below: with every index inside its extent (asserted above), each term
+        // `i * nb` is at most `(ne - 1) * nb`, and their sum at most the tensor's byte extent,
+        // which the graph's constructors check fits in `usize` (`graph::checked_nbytes`) and
+        // `storage_ptr` checked lies in the buffer. The asserts are the kernels' contract
+        // (shapes are validated by `supports_op` before a kernel runs): one firing is a bug.
         let bs = self.ty.block_size();
         let off = (i0 / bs) * self.nb[0] + i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3];
         if n > 0 {

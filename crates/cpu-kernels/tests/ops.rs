@@ -538,6 +538,46 @@ fn get_rows_bad_index_is_an_error() {
     assert!(cpu.compute(&ctx, g.as_view(), None).is_ok());
 }
 
+/// Regression (found by the scheduler's property test): the graph accepts, like ggml, a row
+/// table with more matrices in dimension 2 than the source has in dimension 3; the kernel read
+/// past the source's extents and its row check panicked. It now refuses the node.
+#[test]
+fn get_rows_with_more_index_matrices_than_source_matrices_is_refused() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_3d(T::I32, 1, 4, 4).unwrap();
+    let rows = ctx.new_tensor_3d(T::I32, 1, 4, 4).unwrap();
+    let c = ctx.get_rows(a, rows).unwrap();
+    assert!(!cpu_kernels::supports_op(&ctx, c));
+    let g = graph_of(&mut ctx, &[c]);
+    let _buf = alloc_all(&mut ctx);
+    set_i32(&ctx, rows, &[0; 16]);
+    let cpu = cpu_kernels::CpuCompute::new(1);
+    assert!(matches!(
+        cpu.compute(&ctx, g.as_view(), None),
+        Err(backend_core::BackendError::UnsupportedOp { .. })
+    ));
+}
+
+/// Regression (found by the scheduler's property test): a matrix product over an inner
+/// dimension of 0 (a view with `ne0 = 0`) split rows into chunks of 0 and panicked; its result
+/// is all zeros.
+#[test]
+fn mul_mat_with_an_empty_inner_dimension_is_zero() {
+    let mut ctx = Context::new();
+    let a0 = ctx.new_tensor_1d(T::F32, 8).unwrap();
+    // rows 21 bytes apart: not directly usable as f32 slices, so they are converted
+    let a = ctx.view_2d(a0, 0, 2, 21, 0).unwrap();
+    let b = ctx.new_tensor_2d(T::F32, 0, 3).unwrap();
+    let c = ctx.mul_mat(a, b).unwrap();
+    assert_eq!(ctx[c].ne(), [2, 3, 1, 1]);
+    let g = graph_of(&mut ctx, &[c]);
+    let _buf = alloc_all(&mut ctx);
+    backend_core::tensor_memset(&ctx, c, 0x7f, 0, 24).unwrap();
+    let cpu = cpu_kernels::CpuCompute::new(1);
+    cpu.compute(&ctx, g.as_view(), None).unwrap();
+    assert_eq!(read(&ctx, c), vec![0.0; 6]);
+}
+
 fn mul_mat_ref(va: &[f64], ane: [i64; 4], vb: &[f64], bne: [i64; 4]) -> Vec<f64> {
     let (k, m, n) = (ane[0] as usize, ane[1] as usize, bne[1] as usize);
     let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);

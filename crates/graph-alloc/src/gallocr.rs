@@ -74,6 +74,8 @@ fn encode_pos(j: usize, tag: EdgeRef) -> EdgeRef {
 struct NodePlan {
     dst: Slot,
     edges: [EdgeRef; MAX_SRC],
+    /// What the plan assumed of the node (see [`role`]).
+    role: Role,
 }
 
 impl Default for NodePlan {
@@ -81,7 +83,39 @@ impl Default for NodePlan {
         NodePlan {
             dst: Slot::NONE,
             edges: [EMPTY; MAX_SRC],
+            role: Role::default(),
         }
+    }
+}
+
+/// The facts about a tensor that decide how long its memory lives and whether a node may be
+/// written over it: its op (in place or not), INPUT / OUTPUT flags and whether it is a view.
+/// A plan is re-applied only to positions with the same role; the reference re-applies on
+/// sizes alone, so a graph of the same shape whose input flags or in-place ops moved had
+/// nodes written over tensors still needed (silently wrong results).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Role {
+    op: Op,
+    bits: u8,
+}
+
+impl Default for Role {
+    fn default() -> Self {
+        Role {
+            op: Op::None,
+            bits: 0,
+        }
+    }
+}
+
+#[inline(always)]
+fn role(t: &Tensor) -> Role {
+    let f = t.flags();
+    Role {
+        op: t.op(),
+        bits: u8::from(f.contains(TensorFlags::INPUT))
+            | u8::from(f.contains(TensorFlags::OUTPUT)) << 1
+            | u8::from(t.is_view()) << 2,
     }
 }
 
@@ -231,6 +265,8 @@ pub struct GraphAllocator {
     records: Records,
     node_plans: Vec<NodePlan>,
     leaf_slots: Vec<Slot>,
+    /// The role ([`role`]) of each leaf when planned.
+    leaf_roles: Vec<Role>,
     /// Slots of source edges whose tensor sits at no earlier position ([`EXTRA`]).
     extra_slots: Vec<Slot>,
     /// The edges that get an extra slot, as (node position, source slot), in plan order:
@@ -279,6 +315,7 @@ impl GraphAllocator {
             records: Records::default(),
             node_plans: Vec::new(),
             leaf_slots: Vec::new(),
+            leaf_roles: Vec::new(),
             extra_slots: Vec::new(),
             extra_edges: Vec::new(),
             settled: Settled::default(),
@@ -425,6 +462,34 @@ impl GraphAllocator {
         slot.copied().unwrap_or(Slot::NONE)
     }
 
+    /// Whether edge `e` of the plan names the position that holds `s` in this graph.
+    #[inline]
+    fn covers(nodes: &[TensorId], leafs: &[TensorId], e: EdgeRef, s: TensorId) -> bool {
+        if e < EXTRA {
+            nodes.get(e as usize) == Some(&s)
+        } else if e & (LEAF | EXTRA) == LEAF {
+            leafs.get((e & !LEAF) as usize) == Some(&s)
+        } else {
+            false
+        }
+    }
+
+    /// Whether source `ts` fits edge `e`, which names no position holding it. A source with
+    /// storage (or a view) is not planned, and an extra slot is the source's own; an OUTPUT
+    /// tensor's memory is never freed or written over while the graph runs (the scheduler's
+    /// pipeline copies of inputs swap positions from step to step). But any other source
+    /// without storage that the plan expected at another position moved in the graph: the
+    /// lifetime (and in-place decisions) planned for that position do not hold for it.
+    #[inline]
+    fn edge_fits(&self, e: EdgeRef, ts: &Tensor) -> bool {
+        let moved = e < EXTRA || e & (LEAF | EXTRA) == LEAF;
+        if moved && !ts.has_storage() && !ts.is_view() && !ts.flags().contains(TensorFlags::OUTPUT)
+        {
+            return false;
+        }
+        self.slot_fits(ts, &self.edge_slot(e))
+    }
+
     #[inline]
     fn slot_fits(&self, t: &Tensor, slot: &Slot) -> bool {
         if t.has_storage() || t.is_view() {
@@ -459,9 +524,12 @@ impl GraphAllocator {
         st: &mut Settled,
     ) -> bool {
         let (st_leaf, st_node, st_scan) = (&mut st.leaf[..], &mut st.node[..], &mut st.scan[..]);
-        for ((&leaf, slot), settled) in leafs.iter().zip(&self.leaf_slots).zip(&mut *st_leaf) {
+        let leaf_plans = leafs.iter().zip(&self.leaf_slots).zip(&self.leaf_roles);
+        for (((&leaf, slot), &r), settled) in leaf_plans.zip(&mut *st_leaf) {
             match ctx.get(leaf) {
-                Ok(t) if self.slot_fits(t, slot) => *settled = Self::settles(ctx, t),
+                Ok(t) if role(t) == r && self.slot_fits(t, slot) => {
+                    *settled = Self::settles(ctx, t);
+                }
                 _ => return false,
             }
         }
@@ -471,7 +539,7 @@ impl GraphAllocator {
             let Ok(t) = ctx.get(node) else {
                 return false;
             };
-            if !self.slot_fits(t, &np.dst) {
+            if role(t) != np.role || !self.slot_fits(t, &np.dst) {
                 return false;
             }
             // (only a node before this one can be settled)
@@ -503,7 +571,7 @@ impl GraphAllocator {
                     continue;
                 }
                 match ctx.get(s) {
-                    Ok(ts) if self.slot_fits(ts, &self.edge_slot(e)) => {}
+                    Ok(ts) if Self::edge_fits(self, e, ts) => {}
                     _ => return false,
                 }
             }
@@ -539,19 +607,21 @@ impl GraphAllocator {
         }
         for (&node, np) in nodes.iter().zip(&self.node_plans) {
             let t = ctx.get(node)?;
-            if !self.slot_fits(t, &np.dst) {
+            if role(t) != np.role || !self.slot_fits(t, &np.dst) {
                 return Ok(false);
             }
             for (s, &e) in t.srcs_used().iter().zip(&np.edges) {
-                if let Some(s) = *s
-                    && !self.slot_fits(ctx.get(s)?, &self.edge_slot(e))
-                {
+                let Some(s) = *s else { continue };
+                let ts = ctx.get(s)?;
+                if !Self::covers(nodes, leafs, e, s) && !self.edge_fits(e, ts) {
                     return Ok(false);
                 }
             }
         }
-        for (&leaf, slot) in leafs.iter().zip(&self.leaf_slots) {
-            if !self.slot_fits(ctx.get(leaf)?, slot) {
+        let leaf_plans = leafs.iter().zip(&self.leaf_slots).zip(&self.leaf_roles);
+        for ((&leaf, slot), &r) in leaf_plans {
+            let t = ctx.get(leaf)?;
+            if role(t) != r || !self.slot_fits(t, slot) {
                 return Ok(false);
             }
         }
@@ -625,10 +695,14 @@ impl GraphAllocator {
             view_init(ctx, id)?;
             return Ok(());
         };
-        // exactly what `view_init` does once its checks (all established here) have passed
+        // exactly what `view_init` does once its checks (all established here) have passed;
+        // the sum is checked because an empty view may sit at any offset
+        let offset = rs.offset.checked_add(offs).ok_or_else(|| {
+            backend_core::BackendError::out_of_bounds("view_init", rs.offset, offs, usize::MAX)
+        })?;
         let storage = TensorStorage {
             buffer: rs.buffer.clone(),
-            offset: rs.offset + offs,
+            offset,
         };
         let t = ctx.get_mut(id)?;
         t.set_storage(Some(storage));
@@ -751,11 +825,16 @@ impl GraphAllocator {
             st.leaf.resize(leafs.len(), false);
         }
         let (records, bufts) = (&mut self.records, &self.bufts[..]);
+        self.leaf_roles.clear();
         for (&leaf, ls) in leafs.iter().zip(&mut self.leaf_slots) {
-            *ls = Self::slot_of(bufts, ctx.get(leaf)?, records.get(leaf));
+            let t = ctx.get(leaf)?;
+            *ls = Self::slot_of(bufts, t, records.get(leaf));
+            self.leaf_roles.push(role(t));
         }
         for (&node, np) in nodes.iter().zip(&mut self.node_plans) {
-            np.dst = Self::slot_of(bufts, ctx.get(node)?, records.get(node));
+            let t = ctx.get(node)?;
+            np.dst = Self::slot_of(bufts, t, records.get(node));
+            np.role = role(t);
         }
         self.extra_slots.clear();
         for &(i, k) in &self.extra_edges {
@@ -816,12 +895,23 @@ impl GraphAllocator {
             self.allocate_at(ctx, leaf, t, leaf_id(j), encode_pos(j, LEAF))?;
         }
 
-        // Phase 2: count consumers and views, place INPUT tensors.
+        // Phase 2: count consumers and views, place INPUT tensors. View leafs count too:
+        // phase 3 releases a view's count on its root when the view's last consumer is done,
+        // leaf or not, and the reference, counting node views only, let the root of a view
+        // leaf be freed and overwritten while the view was still to be read. (Node views
+        // without an op count as in the reference, which skips them: the scheduler's
+        // dependency views are such nodes, and the reference fixtures' plans depend on it;
+        // a PARAM view, the other way to make an op-less view a node, counts.)
+        for &leaf in leafs {
+            if let Some(root) = ctx.get(leaf)?.view_src() {
+                self.records.get(root).n_views += 1;
+            }
+        }
         for (i, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             if let Some(root) = t.view_src() {
                 let r = self.records.get(root);
-                if t.op() != Op::None {
+                if t.op() != Op::None || t.flags().contains(TensorFlags::PARAM) {
                     r.n_views += 1;
                 }
                 if t.flags().contains(TensorFlags::OUTPUT) {

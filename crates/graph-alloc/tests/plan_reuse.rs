@@ -136,10 +136,22 @@ fn sources_at_other_positions_are_checked() {
     galloc.alloc_graph(&mut ctx, &g).unwrap();
     ctx.rewind(cp);
 
-    // same shape, sources moved: fits (same sizes), placed by the plan
+    // same shape and sizes, but a source moved: the plan's lifetimes and in-place choices
+    // were made for another consumer structure, so it is not re-applied (the reference
+    // re-applies it on sizes alone); with two buffer ids that is NeedsReserve, and nothing
+    // is placed
     let (g, z) = build(&mut ctx, 64, true);
+    assert!(matches!(
+        galloc.alloc_graph(&mut ctx, &g),
+        Err(graph_alloc::AllocError::NeedsReserve)
+    ));
+    assert!(!ctx[z].has_storage(), "nothing placed");
+    galloc.reserve_n(&ctx, &g, &[0, 0, 0], &[0, 0]).unwrap();
     galloc.alloc_graph(&mut ctx, &g).unwrap();
     assert!(ctx[z].has_storage());
+    ctx.rewind(cp);
+    let (g, _) = build(&mut ctx, 64, false);
+    galloc.reserve_n(&ctx, &g, &[0, 0, 0], &[0, 0]).unwrap();
     ctx.rewind(cp);
 
     // a leaf grew: the plan does not fit, and with two buffer ids that is NeedsReserve
@@ -149,4 +161,67 @@ fn sources_at_other_positions_are_checked() {
         Err(graph_alloc::AllocError::NeedsReserve)
     ));
     assert!(!ctx[z].has_storage(), "nothing placed");
+}
+
+/// Regression (found by the scheduler's property test): a plan was re-applied to any graph of
+/// the same node and leaf counts whose tensors fit its slots. A plan that wrote a node over a
+/// non-input leaf (in place) was re-applied to a graph whose leaf is an INPUT read again later,
+/// so the node overwrote the input before its second read: `x*x + x` came out as `2*x*x`.
+#[test]
+fn a_plan_is_not_reused_where_an_in_place_write_would_clobber_a_live_tensor() {
+    let mut ctx = Context::new();
+    let cp = ctx.checkpoint();
+    let mut galloc = GraphAllocator::new(&[cpu_like()]);
+    // plan: y = sqr(a) may be written over a (a is no input and has no other consumer)
+    let a = ctx.new_tensor_1d(F32, 4).unwrap();
+    let y = ctx.sqr(a).unwrap();
+    let z = ctx.add(y, y).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, z).unwrap();
+    galloc.alloc_graph(&mut ctx, &g).unwrap();
+    let in_place = ctx[y].storage().unwrap().offset == ctx[a].storage().unwrap().offset;
+    ctx.rewind(cp);
+    assert!(in_place, "the first plan is expected to write y over a");
+
+    // same counts and sizes: x is an INPUT and z reads it after y was computed
+    let x = ctx.new_tensor_1d(F32, 4).unwrap();
+    ctx.set_input(x).unwrap();
+    let y = ctx.sqr(x).unwrap();
+    let z = ctx.add(y, x).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, z).unwrap();
+    galloc.alloc_graph(&mut ctx, &g).unwrap();
+    let off = |t| ctx[t].storage().unwrap().offset;
+    assert_ne!(off(y), off(x), "y must not be written over the input x");
+    assert_ne!(off(z), off(x), "z must not be written over the input x");
+}
+
+/// Regression (found by the scheduler's property test): views were counted on their root only
+/// when they were nodes with an op, so the root of a view *leaf* was freed after its last
+/// direct consumer and its memory given to a later node while the view was still to be read.
+#[test]
+fn the_root_of_a_view_leaf_lives_until_the_view_is_read() {
+    let mut ctx = Context::new();
+    let t0 = ctx.new_tensor_1d(F32, 4).unwrap();
+    let t1 = ctx.sqr(t0).unwrap();
+    let t2 = ctx.sqr(t1).unwrap();
+    let v = ctx.view_tensor(t0).unwrap(); // a leaf: no op
+    let t4 = ctx.add(t2, v).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, t4).unwrap();
+    assert!(g.leafs().contains(&v));
+    let mut galloc = GraphAllocator::new(&[cpu_like()]);
+    galloc.alloc_graph(&mut ctx, &g).unwrap();
+    let range = |t: TensorId| {
+        let o = ctx[t].storage().unwrap().offset;
+        o..o + 16
+    };
+    let root = range(t0);
+    for t in [t1, t2] {
+        let r = range(t);
+        assert!(
+            r.end <= root.start || root.end <= r.start,
+            "{t:?} at {r:?} overlaps the root at {root:?}, read later through the view"
+        );
+    }
 }

@@ -7,6 +7,8 @@
 //! each tensor's generation, so a tensor made after a `Context::rewind` in a reused slot is not
 //! mistaken for the one visited before.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::context::Context;
 use crate::error::GraphError;
 use crate::op::Op;
@@ -46,6 +48,16 @@ pub struct Graph {
     added: Vec<TensorId>,
     /// Tensors given a default name by the current expand, unnamed again if it fails.
     named: Vec<TensorId>,
+    /// See [`Graph::stamp`].
+    stamp: u64,
+}
+
+/// Source of [`Graph::stamp`] values: a process-wide counter, so no two graph states ever
+/// share a stamp unless one is a clone of the other (2^64 mutations do not happen).
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+
+fn next_stamp() -> u64 {
+    NEXT_STAMP.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A read-only window over a range of a graph's nodes (`ggml_graph_view`): what a backend
@@ -86,7 +98,31 @@ impl Graph {
             stack: Vec::new(),
             added: Vec::new(),
             named: Vec::new(),
+            stamp: next_stamp(),
         }
+    }
+
+    /// An identity of the graph's current node and leaf lists: every call that can change
+    /// them (expand, add, extend, clear) gives the graph a new, never used stamp; a clone keeps
+    /// it (its lists are equal). Equal stamps therefore mean equal lists, in O(1): the
+    /// scheduler keeps the stamp of the graph it planned and re-plans when asked to compute a
+    /// graph with another one. Costs one relaxed atomic increment per mutating call.
+    ///
+    /// ```
+    /// use graph::{Context, ElementType, Graph};
+    /// let mut ctx = Context::new();
+    /// let a = ctx.new_tensor_1d(ElementType::F32, 4)?;
+    /// let mut g = Graph::new(8);
+    /// let empty = g.stamp();
+    /// g.build_forward_expand(&mut ctx, a)?;
+    /// assert_ne!(g.stamp(), empty);
+    /// assert_eq!(g.clone().stamp(), g.stamp());
+    /// assert_ne!(Graph::new(8).stamp(), empty);
+    /// # Ok::<(), graph::GraphError>(())
+    /// ```
+    #[inline]
+    pub fn stamp(&self) -> u64 {
+        self.stamp
     }
 
     /// Capacity for nodes (and, separately, for leafs).
@@ -133,12 +169,16 @@ impl Graph {
         }
     }
 
-    /// Nodes `i0..i1` as a view with no leafs (`ggml_graph_view`).
-    pub fn view(&self, range: std::ops::Range<usize>) -> GraphView<'_> {
-        GraphView {
-            nodes: &self.nodes[range],
-            leafs: &[],
-        }
+    /// Nodes `i0..i1` as a view with no leafs (`ggml_graph_view`); a range that is not inside
+    /// the node list is [`GraphError::IndexOutOfRange`].
+    pub fn view(&self, range: std::ops::Range<usize>) -> Result<GraphView<'_>, GraphError> {
+        let (start, end) = (range.start, range.end);
+        let nodes = self.nodes.get(range).ok_or(GraphError::IndexOutOfRange {
+            what: "node range end",
+            index: end.max(start),
+            limit: self.nodes.len(),
+        })?;
+        Ok(GraphView { nodes, leafs: &[] })
     }
 
     fn is_visited(&self, id: TensorId) -> bool {
@@ -171,6 +211,7 @@ impl Graph {
         t: TensorId,
     ) -> Result<(), GraphError> {
         ctx.get(t)?;
+        self.stamp = next_stamp();
         let (n0, l0) = (self.nodes.len(), self.leafs.len());
         self.added.clear();
         self.named.clear();
@@ -233,7 +274,9 @@ impl Graph {
     }
 
     fn append(&mut self, ctx: &mut Context, id: TensorId) -> Result<(), GraphError> {
-        let t = &mut ctx[id];
+        // `id` was checked live before it was pushed on the stack (`expand`), and the walk
+        // creates and rewinds nothing, so the lookup cannot fail.
+        let t = ctx.get_mut(id)?;
         if t.op == Op::None && !t.flags.contains(TensorFlags::PARAM) {
             self.room(self.leafs.len(), 1, "leafs")?;
             if t.name.is_empty() {
@@ -257,6 +300,7 @@ impl Graph {
     #[inline]
     pub fn add_node(&mut self, id: TensorId) -> Result<(), GraphError> {
         self.room(self.nodes.len(), 1, "nodes")?;
+        self.stamp = next_stamp();
         self.nodes.push(id);
         Ok(())
     }
@@ -282,6 +326,7 @@ impl Graph {
     #[inline]
     pub fn extend_nodes(&mut self, ids: &[TensorId]) -> Result<(), GraphError> {
         self.room(self.nodes.len(), ids.len(), "nodes")?;
+        self.stamp = next_stamp();
         self.nodes.extend_from_slice(ids);
         Ok(())
     }
@@ -291,6 +336,7 @@ impl Graph {
     #[inline]
     pub fn add_leaf(&mut self, id: TensorId) -> Result<(), GraphError> {
         self.room(self.leafs.len(), 1, "leafs")?;
+        self.stamp = next_stamp();
         self.leafs.push(id);
         Ok(())
     }
@@ -301,12 +347,14 @@ impl Graph {
     #[inline]
     pub fn extend_leafs(&mut self, ids: &[TensorId]) -> Result<(), GraphError> {
         self.room(self.leafs.len(), ids.len(), "leafs")?;
+        self.stamp = next_stamp();
         self.leafs.extend_from_slice(ids);
         Ok(())
     }
 
     /// Empty the graph, keeping its capacity and memory (`ggml_graph_clear`).
     pub fn clear(&mut self) {
+        self.stamp = next_stamp();
         self.nodes.clear();
         self.leafs.clear();
         self.visited.iter_mut().for_each(|w| *w = 0);

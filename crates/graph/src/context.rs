@@ -175,7 +175,14 @@ impl Context {
             self.get(s)?;
         }
         let t = self.get_mut(id)?;
-        t.src[slot] = src;
+        let Some(dst) = t.src.get_mut(slot) else {
+            return Err(GraphError::IndexOutOfRange {
+                what: "source slot",
+                index: slot,
+                limit: MAX_SRC,
+            });
+        };
+        *dst = src;
         t.refresh_n_src();
         Ok(())
     }
@@ -252,12 +259,14 @@ impl Context {
                 offset: offs.unwrap_or(usize::MAX),
                 src_size,
             };
-            // ggml skips the check for an empty view; an offset that does not fit in usize is
-            // out of range even then.
+            // ggml skips the check for an empty view; we refuse an empty view that starts past
+            // its root's end (or at an offset that does not fit in usize) too: placing it
+            // would compute an address outside the root, and whether that sum overflows would
+            // depend on where the allocator put the root.
             let Some(offs) = offs else {
                 return Err(out_of_range);
             };
-            if data_size != 0 && data_size.saturating_add(offs) > src_size {
+            if data_size.saturating_add(offs) > src_size {
                 return Err(out_of_range);
             }
             storage = match &r.storage {

@@ -78,6 +78,17 @@ pub enum GraphError {
         /// What is wrong.
         why: &'static str,
     },
+    /// An index given by the caller (a source slot, the end of a node range) is outside what
+    /// it indexes.
+    #[error("{what} {index} out of range (limit {limit})")]
+    IndexOutOfRange {
+        /// What was indexed.
+        what: &'static str,
+        /// The index given.
+        index: usize,
+        /// The exclusive upper bound.
+        limit: usize,
+    },
     /// The graph has no room for another node or leaf.
     #[error("graph capacity {capacity} exceeded ({what})")]
     GraphFull {

@@ -40,6 +40,6 @@ pub use op::{MAX_OP_PARAMS, Op, OpParams, UnaryOp, rope_mode};
 pub use ops::RopeParams;
 pub use tensor::{
     MAX_DIMS, MAX_NAME, MAX_SRC, StorageBuffer, Tensor, TensorFlags, TensorId, TensorName,
-    TensorStorage, contiguous_strides, nbytes,
+    TensorStorage, checked_nbytes, contiguous_strides, nbytes,
 };
 pub use types::{ElementType, UnknownType};

@@ -304,6 +304,8 @@ impl Context {
                 why: "row indices must be i32",
             });
         }
+        // (ggml's checks; the CPU kernel, which reads row `rows[i0, i1, i2]` of `a`'s matrix
+        // `(i1, i2)`, also needs a.ne3 == rows.ne2 and refuses the node otherwise)
         if ta.ne[2] != tb.ne[1] || tb.ne[3] != 1 {
             return Err(GraphError::ShapeMismatch {
                 op: Op::GetRows,
@@ -517,7 +519,7 @@ impl Context {
     pub fn cont_shape(&mut self, a: TensorId, ne: &[i64]) -> Result<TensorId, GraphError> {
         let ta = self.check(a)?;
         let (ty, ane, n) = (ta.ty, ta.ne, ta.nelements());
-        if ne.iter().product::<i64>() != n {
+        if checked_count(ne) != Some(n) {
             let mut b = [1i64; MAX_DIMS];
             for (d, &v) in b.iter_mut().zip(ne) {
                 *d = v;
@@ -580,7 +582,27 @@ impl Context {
         self.set_op(r, Op::Cpy, &[Some(a), Some(b)]);
         Ok(r)
     }
+}
 
+/// The element count of extents `ne`, `None` when the product overflows (then it matches no
+/// tensor's count).
+fn checked_count(ne: &[i64]) -> Option<i64> {
+    ne.iter().try_fold(1i64, |acc, &n| acc.checked_mul(n))
+}
+
+/// `stride * ne` as the next stride of a `view_Nd`, overflow being a view out of range
+/// (negative extents count as 0 here; the constructor refuses them).
+fn checked_stride(stride: usize, ne: i64, offset: usize) -> Result<usize, GraphError> {
+    stride
+        .checked_mul(ne.max(0) as usize)
+        .ok_or(GraphError::ViewOutOfRange {
+            size: usize::MAX,
+            offset,
+            src_size: 0,
+        })
+}
+
+impl Context {
     fn view_impl(
         &mut self,
         a: TensorId,
@@ -605,7 +627,8 @@ impl Context {
         self.view_impl(a, &[ne0], offset)
     }
 
-    /// A 2-d view with row stride `nb1` (`ggml_view_2d`).
+    /// A 2-d view with row stride `nb1` (`ggml_view_2d`). Strides whose byte extent overflows
+    /// or reaches past the view's root are refused ([`GraphError::ViewOutOfRange`]).
     pub fn view_2d(
         &mut self,
         a: TensorId,
@@ -614,16 +637,11 @@ impl Context {
         nb1: usize,
         offset: usize,
     ) -> Result<TensorId, GraphError> {
-        let r = self.view_impl(a, &[ne0, ne1], offset)?;
-        let t = &mut self[r];
-        t.nb[1] = nb1;
-        t.nb[2] = nb1 * ne1 as usize;
-        t.nb[3] = t.nb[2];
-        t.refresh_nbytes();
-        Ok(r)
+        let nb2 = checked_stride(nb1, ne1, offset)?;
+        self.strided_view(a, &[ne0, ne1], [nb1, nb2, nb2], offset)
     }
 
-    /// A 3-d view with strides `nb1`, `nb2` (`ggml_view_3d`).
+    /// A 3-d view with strides `nb1`, `nb2` (`ggml_view_3d`); checked as [`Context::view_2d`].
     #[allow(clippy::too_many_arguments)]
     pub fn view_3d(
         &mut self,
@@ -635,16 +653,12 @@ impl Context {
         nb2: usize,
         offset: usize,
     ) -> Result<TensorId, GraphError> {
-        let r = self.view_impl(a, &[ne0, ne1, ne2], offset)?;
-        let t = &mut self[r];
-        t.nb[1] = nb1;
-        t.nb[2] = nb2;
-        t.nb[3] = nb2 * ne2 as usize;
-        t.refresh_nbytes();
-        Ok(r)
+        let nb3 = checked_stride(nb2, ne2, offset)?;
+        self.strided_view(a, &[ne0, ne1, ne2], [nb1, nb2, nb3], offset)
     }
 
-    /// A 4-d view with strides `nb1`, `nb2`, `nb3` (`ggml_view_4d`).
+    /// A 4-d view with strides `nb1`, `nb2`, `nb3` (`ggml_view_4d`); checked as
+    /// [`Context::view_2d`].
     #[allow(clippy::too_many_arguments)]
     pub fn view_4d(
         &mut self,
@@ -658,13 +672,63 @@ impl Context {
         nb3: usize,
         offset: usize,
     ) -> Result<TensorId, GraphError> {
-        let r = self.view_impl(a, &[ne0, ne1, ne2, ne3], offset)?;
+        self.strided_view(a, &[ne0, ne1, ne2, ne3], [nb1, nb2, nb3], offset)
+    }
+
+    /// A VIEW of `a` with extents `ne` and strides `nb[1..4]` (`nb[0]` is the type size), after
+    /// checking that its byte extent neither overflows nor reaches past its root: ggml checks
+    /// only the contiguous size, so a strided view could address (and a later write corrupt)
+    /// bytes outside its root. Nothing is created on error.
+    fn strided_view(
+        &mut self,
+        a: TensorId,
+        ne: &[i64],
+        nb_hi: [usize; 3],
+        offset: usize,
+    ) -> Result<TensorId, GraphError> {
+        let ty = self.check(a)?.ty;
+        let mut full = [1i64; MAX_DIMS];
+        for (d, &n) in full.iter_mut().zip(ne) {
+            *d = n;
+        }
+        let nb = [ty.type_size(), nb_hi[0], nb_hi[1], nb_hi[2]];
+        self.check_view_extent(a, ty, full, nb, offset)?;
+        let r = self.view_impl(a, ne, offset)?;
         let t = &mut self[r];
-        t.nb[1] = nb1;
-        t.nb[2] = nb2;
-        t.nb[3] = nb3;
+        t.nb = nb;
         t.refresh_nbytes();
         Ok(r)
+    }
+
+    /// `Ok` when a view of `a` with layout `(ty, ne, nb)` at byte `offset` of `a` has a byte
+    /// extent that fits in `usize` and lies inside `a`'s root. Negative extents pass here
+    /// (their extent is 0) and are refused by the constructor with their own error.
+    pub(crate) fn check_view_extent(
+        &self,
+        a: TensorId,
+        ty: crate::types::ElementType,
+        ne: [i64; MAX_DIMS],
+        nb: [usize; MAX_DIMS],
+        offset: usize,
+    ) -> Result<(), GraphError> {
+        let t = self.check(a)?;
+        let (root, offs) = match t.view_src {
+            Some(r) => (self.check(r)?, offset.checked_add(t.view_offs)),
+            None => (t, Some(offset)),
+        };
+        let src_size = root.nbytes();
+        let extent = crate::tensor::checked_nbytes(ty, ne, nb);
+        match (extent, offs) {
+            (Some(0), Some(offs)) if offs <= src_size => Ok(()),
+            (Some(size), Some(offs)) if offs.checked_add(size).is_some_and(|e| e <= src_size) => {
+                Ok(())
+            }
+            (size, offs) => Err(GraphError::ViewOutOfRange {
+                size: size.unwrap_or(usize::MAX),
+                offset: offs.unwrap_or(usize::MAX),
+                src_size,
+            }),
+        }
     }
 
     /// A view with 1–4 extents and, optionally, explicit strides `nb[1..ne.len()]` (the
@@ -715,8 +779,7 @@ impl Context {
             return Err(GraphError::NotContiguous { op: Op::Reshape });
         }
         let (ty, ane, n) = (ta.ty, ta.ne, ta.nelements());
-        let want: i64 = ne.iter().product();
-        if want != n || ne.is_empty() || ne.len() > MAX_DIMS {
+        if checked_count(ne) != Some(n) || ne.is_empty() || ne.len() > MAX_DIMS {
             let mut b = [1i64; MAX_DIMS];
             for (d, &v) in b.iter_mut().zip(ne) {
                 *d = v;
@@ -785,14 +848,21 @@ impl Context {
             }
             seen[ax as usize] = true;
         }
-        let (ane, anb) = (self[a].ne, self[a].nb);
+        let (ty, ane, anb) = (self[a].ty, self[a].ne, self[a].nb);
+        let (mut ne, mut nb) = (ane, anb);
+        for i in 0..4 {
+            ne[axes[i] as usize] = ane[i];
+            nb[axes[i] as usize] = anb[i];
+        }
+        // a block type's extent counts dimension 0 differently, so a permuted one can differ
+        self.check_view_extent(a, ty, ne, nb, 0)?;
         let r = self.view_tensor(a)?;
         self.name_from(r, a, " (permuted)");
         let t = &mut self[r];
-        for i in 0..4 {
-            t.ne[axes[i] as usize] = ane[i];
-            t.nb[axes[i] as usize] = anb[i];
-            t.op_params.set_i32(i, axes[i]);
+        t.ne = ne;
+        t.nb = nb;
+        for (i, &ax) in axes.iter().enumerate() {
+            t.op_params.set_i32(i, ax);
         }
         t.refresh_nbytes();
         self.set_op(r, Op::Permute, &[Some(a)]);
@@ -801,7 +871,13 @@ impl Context {
 
     /// A view with dimensions 0 and 1 swapped (`ggml_transpose`).
     pub fn transpose(&mut self, a: TensorId) -> Result<TensorId, GraphError> {
-        self.check(a)?;
+        let (ty, mut ne, mut nb) = {
+            let t = self.check(a)?;
+            (t.ty, t.ne, t.nb)
+        };
+        ne.swap(0, 1);
+        nb.swap(0, 1);
+        self.check_view_extent(a, ty, ne, nb, 0)?;
         let r = self.view_tensor(a)?;
         self.name_from(r, a, " (transposed)");
         let t = &mut self[r];

@@ -391,17 +391,18 @@ impl Tensor {
         if self.ne[0] != self.ty.block_size() as i64 && self.nb[0] != next_nb {
             return false;
         }
-        next_nb *= self.ne[0] as usize / self.ty.block_size();
+        // saturating: a product past `usize::MAX` matches no stride, as it should
+        next_nb = next_nb.saturating_mul(self.ne[0] as usize / self.ty.block_size());
         for i in 1..MAX_DIMS {
             if self.ne[i] != 1 {
                 if i > n {
                     if self.nb[i] != next_nb {
                         return false;
                     }
-                    next_nb *= self.ne[i] as usize;
+                    next_nb = next_nb.saturating_mul(self.ne[i] as usize);
                 } else {
                     // this dimension does not need to be contiguous
-                    next_nb = self.ne[i] as usize * self.nb[i];
+                    next_nb = (self.ne[i] as usize).saturating_mul(self.nb[i]);
                 }
             }
         }
@@ -441,7 +442,8 @@ impl Tensor {
     }
 }
 
-/// `ggml_nbytes` over explicit type, extents and strides.
+/// `ggml_nbytes` over explicit type, extents and strides; `usize::MAX` when the extent
+/// overflows (see [`checked_nbytes`]).
 ///
 /// ```
 /// use graph::{nbytes, ElementType};
@@ -450,26 +452,44 @@ impl Tensor {
 /// assert_eq!(nbytes(ElementType::F32, [0, 5, 1, 1], [4, 0, 0, 0]), 0);
 /// ```
 pub fn nbytes(ty: ElementType, ne: [i64; MAX_DIMS], nb: [usize; MAX_DIMS]) -> usize {
-    if ne.iter().any(|&n| n <= 0) {
-        return 0;
-    }
-    let blck = ty.block_size();
-    let mut bytes;
-    if blck == 1 {
-        bytes = ty.type_size();
-        for i in 0..MAX_DIMS {
-            bytes = bytes.wrapping_add((ne[i] as usize - 1).wrapping_mul(nb[i]));
-        }
-    } else {
-        bytes = (ne[0] as usize).wrapping_mul(nb[0]) / blck;
-        for i in 1..MAX_DIMS {
-            bytes = bytes.wrapping_add((ne[i] as usize - 1).wrapping_mul(nb[i]));
-        }
-    }
-    bytes
+    checked_nbytes(ty, ne, nb).unwrap_or(usize::MAX)
 }
 
-/// Contiguous strides for `ty` and `ne` (ggml's defaults at creation).
+/// [`nbytes`], or `None` when the byte extent does not fit in `usize` (every tensor a
+/// [`crate::Context`] makes has one that fits: its constructors check this).
+///
+/// ```
+/// use graph::{checked_nbytes, ElementType};
+/// assert_eq!(checked_nbytes(ElementType::F32, [2, 3, 1, 1], [4, 8, 24, 24]), Some(24));
+/// assert_eq!(checked_nbytes(ElementType::F32, [2, 3, 1, 1], [4, usize::MAX / 2, 0, 0]), None);
+/// ```
+pub fn checked_nbytes(
+    ty: ElementType,
+    ne: [i64; MAX_DIMS],
+    nb: [usize; MAX_DIMS],
+) -> Option<usize> {
+    if ne.iter().any(|&n| n <= 0) {
+        return Some(0);
+    }
+    let blck = ty.block_size();
+    // all extents are positive here, so `as usize` is exact
+    let mut bytes = if blck == 1 {
+        ty.type_size()
+            .checked_add((ne[0] as usize - 1).checked_mul(nb[0])?)?
+    } else if (ne[0] as usize).is_multiple_of(blck) {
+        // equal to ggml's `ne0 * nb0 / blck`, without its overflow on huge rows
+        (ne[0] as usize / blck).checked_mul(nb[0])?
+    } else {
+        (ne[0] as usize).checked_mul(nb[0])? / blck
+    };
+    for i in 1..MAX_DIMS {
+        bytes = bytes.checked_add((ne[i] as usize - 1).checked_mul(nb[i])?)?;
+    }
+    Some(bytes)
+}
+
+/// Contiguous strides for `ty` and `ne` (ggml's defaults at creation); a stride that does
+/// not fit in `usize` saturates at `usize::MAX` (the constructors refuse such extents).
 ///
 /// ```
 /// use graph::{contiguous_strides, ElementType};
@@ -478,9 +498,9 @@ pub fn nbytes(ty: ElementType, ne: [i64; MAX_DIMS], nb: [usize; MAX_DIMS]) -> us
 pub fn contiguous_strides(ty: ElementType, ne: [i64; MAX_DIMS]) -> [usize; MAX_DIMS] {
     let mut nb = [0usize; MAX_DIMS];
     nb[0] = ty.type_size();
-    nb[1] = nb[0] * (ne[0].max(0) as usize / ty.block_size());
+    nb[1] = nb[0].saturating_mul(ne[0].max(0) as usize / ty.block_size());
     for i in 2..MAX_DIMS {
-        nb[i] = nb[i - 1] * ne[i - 1].max(0) as usize;
+        nb[i] = nb[i - 1].saturating_mul(ne[i - 1].max(0) as usize);
     }
     nb
 }

@@ -177,10 +177,13 @@ impl ElementType {
     }
 
     /// Bytes of a row of `n` elements: `type_size * n / block_size` (ggml's `ggml_row_size`).
-    /// `n` should be a multiple of the block size; the division truncates like ggml's.
+    /// `n` should be a multiple of the block size; the division truncates like ggml's. Saturates
+    /// at `usize::MAX` for an `n` no tensor can have (tensor constructors check their sizes).
     #[inline]
     pub fn row_size(self, n: usize) -> usize {
-        self.type_size() * n / self.block_size()
+        self.type_size()
+            .checked_mul(n)
+            .map_or(usize::MAX, |b| b / self.block_size())
     }
 }
 

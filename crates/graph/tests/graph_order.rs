@@ -222,8 +222,8 @@ fn lookups_and_views() {
     assert_eq!(g.node(-3), Some(b));
     assert_eq!(g.node(3), None);
     assert_eq!(g.node(-4), None);
-    assert_eq!(g.view(1..3).nodes, &[c, d]);
-    assert!(g.view(1..3).leafs.is_empty());
+    assert_eq!(g.view(1..3).unwrap().nodes, &[c, d]);
+    assert!(g.view(1..3).unwrap().leafs.is_empty());
     assert_eq!(g.as_view().n_nodes(), 3);
     assert!(g.contains(a) && g.contains(c));
     let other = ctx.sqr(a).unwrap();

@@ -688,8 +688,21 @@ fn views() {
         ctx.view_1d(v1, 1, usize::MAX - 4),
         GraphError::ViewOutOfRange { .. }
     );
-    // A zero-sized view is never out of range (ggml skips the check when data_size == 0).
-    ctx.view_1d(a, 0, 1000).unwrap();
+    // A zero-sized view may start anywhere up to its root's end; ggml skips the check when
+    // data_size == 0, we refuse an empty view past the end (placing it would address bytes
+    // outside the root, and overflow or not depending on where the root was placed).
+    let end = ctx[a].nbytes();
+    ctx.view_1d(a, 0, end).unwrap();
+    rejects!(
+        ctx,
+        ctx.view_1d(a, 0, end + 1),
+        GraphError::ViewOutOfRange { .. }
+    );
+    rejects!(
+        ctx,
+        ctx.view_1d(a, 0, usize::MAX),
+        GraphError::ViewOutOfRange { .. }
+    );
 }
 
 #[test]

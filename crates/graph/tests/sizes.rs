@@ -367,3 +367,212 @@ proptest! {
         prop_assert_eq!(t.view_offs(), off_rows as usize * row);
     }
 }
+
+/// Regression: `Context::set_src` indexed its slot unchecked although it returns a `Result`.
+#[test]
+fn set_src_refuses_a_slot_past_the_last() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let b = ctx.sqr(a).unwrap();
+    for slot in [graph::MAX_SRC, graph::MAX_SRC + 1, usize::MAX] {
+        assert!(matches!(
+            ctx.set_src(b, slot, Some(a)),
+            Err(GraphError::IndexOutOfRange { index, limit: graph::MAX_SRC, .. }) if index == slot
+        ));
+    }
+    assert_eq!(ctx[b].src(0), Some(a));
+    // the last slot is fine, and the tensor is usable after the errors
+    ctx.set_src(b, graph::MAX_SRC - 1, Some(a)).unwrap();
+    assert_eq!(ctx[b].src(graph::MAX_SRC - 1), Some(a));
+    ctx.set_src(b, graph::MAX_SRC - 1, None).unwrap();
+    assert_eq!(ctx[b].srcs_used().len(), 1);
+}
+
+/// Regression: `view_2d` with a row stride near `usize::MAX` was accepted with a byte size
+/// that wrapped to 0, and the CPU kernel's row check fired later.
+#[test]
+fn strided_views_with_overflowing_or_overlong_extents_are_refused() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_2d(ElementType::F32, 4, 4).unwrap(); // 64 bytes
+    let n = ctx.len();
+    for nb1 in [
+        usize::MAX,
+        usize::MAX - 3,
+        usize::MAX / 2,
+        usize::MAX / 3 + 1,
+    ] {
+        assert!(
+            matches!(
+                ctx.view_2d(a, 4, 4, nb1, 0),
+                Err(GraphError::ViewOutOfRange { .. })
+            ),
+            "nb1 = {nb1}"
+        );
+        assert!(matches!(
+            ctx.view_3d(a, 4, 2, 2, 16, nb1, 0),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+        assert!(matches!(
+            ctx.view_4d(a, 4, 1, 1, 2, 16, 16, nb1, 0),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+    }
+    // the exact bound: 3 rows of 16 bytes + 16 bytes = 64 fits, one byte more of stride not
+    assert_eq!(ctx.len(), n, "a refused view creates nothing");
+    let v = ctx.view_2d(a, 4, 4, 16, 0).unwrap();
+    assert_eq!(ctx[v].nbytes(), 64);
+    assert!(ctx.view_2d(a, 4, 4, 17, 0).is_err());
+    assert!(ctx.view_2d(a, 4, 3, 16, 16).is_ok());
+    assert!(ctx.view_2d(a, 4, 3, 16, 17).is_err());
+    // a view of a view counts from the root
+    let w = ctx.view_1d(a, 8, 32).unwrap();
+    assert!(ctx.view_2d(w, 4, 2, 16, 0).is_ok());
+    assert!(ctx.view_2d(w, 4, 2, 16, 4).is_err());
+    // strides of 0 (broadcast rows) are fine
+    assert_eq!(ctx.view_2d(a, 4, 4, 0, 0).map(|v| ctx[v].nbytes()), Ok(16));
+    // extents of 0: empty, whatever the stride
+    assert_eq!(
+        ctx.view_2d(a, 4, 0, usize::MAX, 0).map(|v| ctx[v].nbytes()),
+        Ok(0)
+    );
+}
+
+/// Regressions found by the scheduler's property test: `reshape` and `cont_shape` multiplied
+/// the requested extents unchecked (a debug panic), and `nbytes` of a block type multiplied
+/// `ne0 * nb0` before dividing by the block size, overflowing for rows whose byte size fits.
+#[test]
+fn element_counts_and_block_row_sizes_do_not_overflow() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 1).unwrap();
+    let n = ctx.len();
+    for ne in [
+        [2, 1 << 62],
+        [1 << 32, 1 << 32],
+        [i64::MAX, 2],
+        [-1, i64::MIN],
+    ] {
+        assert!(matches!(
+            ctx.reshape(a, &ne),
+            Err(GraphError::ShapeMismatch { .. })
+        ));
+        assert!(matches!(
+            ctx.cont_shape(a, &ne),
+            Err(GraphError::ShapeMismatch { .. })
+        ));
+    }
+    assert_eq!(ctx.len(), n);
+    // q4_0: 18 bytes per 32 elements; a row of 2^62 elements is 18 * 2^57 bytes
+    let q = ctx.new_tensor_2d(ElementType::Q4_0, 1 << 62, 0).unwrap();
+    assert_eq!(ctx[q].nb()[1], 18 << 57);
+    assert_eq!(
+        nbytes(ElementType::Q4_0, [1 << 62, 1, 1, 1], [18, 18 << 57, 0, 0]),
+        18 << 57
+    );
+    assert_eq!(
+        graph::checked_nbytes(ElementType::Q4_0, [64, 1, 1, 1], [18, 36, 36, 36]),
+        Some(36)
+    );
+}
+
+/// Regression: an empty view could sit at any offset (ggml skips the range check for empty
+/// views), so placing it added an arbitrary offset to its root's; the graph allocator's sum
+/// overflowed for a root placed above offset 0. Empty views past their root's end are refused.
+#[test]
+fn empty_views_past_the_end_of_their_root_are_refused() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    assert!(ctx.view_1d(a, 0, 16).is_ok());
+    for offset in [17, 1 << 40, usize::MAX] {
+        assert!(matches!(
+            ctx.view_1d(a, 0, offset),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+        assert!(matches!(
+            ctx.view_2d(a, 4, 0, 16, offset),
+            Err(GraphError::ViewOutOfRange { .. })
+        ));
+    }
+}
+
+/// Every constructor that takes extents, strides or offsets, at and around its bounds.
+#[test]
+fn constructors_at_their_bounds() {
+    let mut ctx = Context::new();
+    // extents: 0 is an empty tensor, negative or overflowing products are refused
+    assert_eq!(
+        ctx.new_tensor_1d(ElementType::F32, 0)
+            .map(|t| ctx[t].nbytes()),
+        Ok(0)
+    );
+    for ne in [
+        vec![-1],
+        vec![i64::MAX],
+        vec![1 << 62, 2],
+        vec![i64::MAX, 0, -1],
+        vec![1 << 31, 1 << 31, 1 << 31],
+        vec![],
+        vec![1, 1, 1, 1, 1],
+    ] {
+        let n = ctx.len();
+        assert!(
+            matches!(
+                ctx.new_tensor(ElementType::F32, &ne),
+                Err(GraphError::InvalidShape { .. })
+            ),
+            "{ne:?}"
+        );
+        assert_eq!(ctx.len(), n);
+    }
+    // the largest f32 row whose byte size fits
+    let max = (usize::MAX / 4) as i64;
+    assert!(ctx.new_tensor_1d(ElementType::F32, max).is_ok());
+    assert!(ctx.new_tensor_1d(ElementType::F32, max + 1).is_err());
+
+    // view offsets: up to the exact end of the root, with checked sums through a view chain
+    let a = ctx.new_tensor_1d(ElementType::F32, 16).unwrap(); // 64 bytes
+    for (ne, offset, ok) in [
+        (16, 0, true),
+        (1, 60, true),
+        (1, 61, false),
+        (2, 60, false),
+        (0, 64, true),
+        (0, 65, false),
+        (1, usize::MAX, false),
+        (1, usize::MAX - 3, false),
+        (16, usize::MAX - 63, false),
+    ] {
+        assert_eq!(
+            ctx.view_1d(a, ne, offset).is_ok(),
+            ok,
+            "view_1d {ne} at {offset}"
+        );
+    }
+    let v = ctx.view_1d(a, 8, 32).unwrap();
+    assert!(ctx.view_1d(v, 8, 0).is_ok());
+    assert!(ctx.view_1d(v, 8, 4).is_err());
+    assert!(ctx.view_1d(v, 1, usize::MAX - 31).is_err());
+    // strides: a 4-d view at its exact extent, and one stride past it
+    let b = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, 32, 0).is_ok());
+    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, 33, 0).is_err());
+    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, usize::MAX, 0).is_err());
+    assert!(
+        ctx.view(b, &[2, 2], Some([4, usize::MAX, 0, 0]), 0)
+            .is_err()
+    );
+    // explicit strides through the graph-file form
+    assert!(ctx.view(b, &[2, 2], Some([4, 8, 16, 16]), 0).is_ok());
+    // reshape: element counts must match exactly
+    assert!(ctx.reshape(b, &[4, 4]).is_ok());
+    assert!(ctx.reshape(b, &[4, 5]).is_err());
+    assert!(ctx.reshape(b, &[i64::MAX, i64::MAX]).is_err());
+    // graph ranges and source slots
+    let s = ctx.sqr(b).unwrap();
+    let mut g = graph::Graph::new(4);
+    g.build_forward_expand(&mut ctx, s).unwrap();
+    assert!(g.view(0..1).is_ok());
+    assert!(g.view(1..1).is_ok());
+    assert!(g.view(0..2).is_err());
+    assert!(g.view(usize::MAX..usize::MAX).is_err());
+    assert!(ctx.set_src(s, graph::MAX_SRC, None).is_err());
+}

@@ -103,6 +103,11 @@ pub enum SchedError {
         /// The limit.
         limit: usize,
     },
+    /// `graph_compute` was given a graph other than the one `alloc_graph` planned (or that
+    /// graph changed since, see `graph::Graph::stamp`). Nothing was computed; allocate the
+    /// graph (or `reset`) first.
+    #[error("the graph to compute is not the one allocated: call alloc_graph on it first")]
+    GraphNotAllocated,
     /// An input of a split has no backend when it must be copied at compute time.
     #[error("split input {0} has no backend")]
     UnassignedInput(String),

@@ -355,6 +355,10 @@ pub struct Scheduler {
     graph_size: usize,
     is_reset: bool,
     is_alloc: bool,
+    /// [`Graph::stamp`] of the graph the current splits and allocation were made for (set by a
+    /// successful `alloc_graph`, cleared when a split starts): compute re-plans any other
+    /// graph instead of running these splits' node ranges over it.
+    planned: Option<u64>,
     strict: bool,
     debug: u32,
 
@@ -500,6 +504,7 @@ impl Scheduler {
             graph_size,
             is_reset: false,
             is_alloc: false,
+            planned: None,
             strict: false,
             debug,
             epoch: 0,
@@ -989,10 +994,6 @@ impl Scheduler {
     }
 
     fn split_graph_impl(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
-        // the splits below replace the allocated ones: until an allocation succeeds again,
-        // nothing is allocated (a failed split or allocation must not leave compute running
-        // the new, partial splits over the old plan)
-        self.is_alloc = false;
         self.restore_rewrites(ctx);
         self.rewrites.clear();
         // copies made by an earlier split may have been rewound away with the caller's
@@ -1000,6 +1001,7 @@ impl Scheduler {
         self.copy_epoch = self.copy_epoch.wrapping_add(1).max(1);
         self.copy_table.clear();
         self.n_splits = 0;
+        self.planned = None;
         self.graph_inputs.clear();
         self.is_reset = false;
         // usages may have changed and buffers come and gone since the last split
@@ -1510,6 +1512,7 @@ impl Scheduler {
                     }
                     let copy = self
                         .get_copy(src, cu, self.cur_copy)
+                        // invariant: the loop above made copies for every pipeline copy
                         .expect("copies for every pipeline copy were just made");
                     ctx.set_src(node, j, Some(copy))?;
                     self.rewritten = true;
@@ -1553,6 +1556,8 @@ impl Scheduler {
             let backend = self.splits[si].backend;
             for k in 0..self.splits[si].inputs.len() {
                 let input = self.splits[si].inputs[k];
+                // invariant: an input is registered in a split only after its copies for every
+                // pipeline copy were made, in this split pass (current copy epoch)
                 let copy = self
                     .get_copy(input, backend, self.cur_copy)
                     .expect("every split input has copies");
@@ -1566,6 +1571,7 @@ impl Scheduler {
                 n += 1;
             }
             let (start, end) = (self.splits[si].start, self.splits[si].end);
+            // the splits were just cut from `graph`, as ranges inside its node list
             let split_nodes = &graph.nodes()[start..end];
             self.alloc_graph.extend_nodes(split_nodes)?;
             let key_hi = self.key_hi();
@@ -1585,6 +1591,7 @@ impl Scheduler {
                 let input = self.graph_inputs[gi];
                 let b = self.bid(input);
                 for c in 0..self.n_copies {
+                    // invariant: as for split inputs, copies are made before registration
                     let copy = self
                         .get_copy(input, b as usize, c)
                         .expect("graph inputs have copies");
@@ -1598,6 +1605,7 @@ impl Scheduler {
                 for k in 0..self.splits[si].inputs.len() {
                     let input = self.splits[si].inputs[k];
                     for c in 0..self.n_copies {
+                        // invariant: copies are made before an input is registered
                         let copy = self
                             .get_copy(input, backend, c)
                             .expect("split inputs have copies");
@@ -1707,6 +1715,7 @@ impl Scheduler {
         self.restore_rewrites(ctx);
         r?;
         self.is_alloc = true;
+        self.planned = Some(graph.stamp());
         self.split_copy = self.cur_copy;
         Ok(())
     }
@@ -1758,7 +1767,10 @@ impl Scheduler {
     }
 
     /// Compute `graph` without waiting for the last backend
-    /// (`ggml_backend_sched_graph_compute_async`): allocates first if needed.
+    /// (`ggml_backend_sched_graph_compute_async`): allocates first when nothing is allocated
+    /// (never allocated, or [`Scheduler::reset`] since). A graph other than the one
+    /// [`Scheduler::alloc_graph`] planned, or one changed since (ggml would run the old
+    /// plan's node ranges over it), is [`SchedError::GraphNotAllocated`].
     pub fn graph_compute_async(
         &mut self,
         ctx: &mut Context,
@@ -1766,6 +1778,13 @@ impl Scheduler {
     ) -> Result<ComputeStatus> {
         if !self.is_reset && !self.is_alloc {
             self.reset();
+        }
+        if self.is_alloc && self.planned != Some(graph.stamp()) {
+            // The splits are node ranges of the graph they were made for; run over another
+            // graph (or this one changed since) they would compute the wrong nodes. Planning
+            // the new graph here could move inputs the caller already wrote, so the caller
+            // decides: `alloc_graph` (or `reset`) first.
+            return Err(SchedError::GraphNotAllocated);
         }
         // With pipeline copies, the split's sources point at the copies of the pipeline copy
         // current when it was made, while compute fills those of `cur_copy`, which advances
@@ -1815,9 +1834,13 @@ impl Scheduler {
                 let input = self.splits[si].inputs[k];
                 let ib = self.bid(input);
                 if ib < 0 {
-                    return Err(SchedError::UnassignedInput(ctx[input].name().to_owned()));
+                    let name = ctx.get(input).map_or("?", Tensor::name).to_owned();
+                    return Err(SchedError::UnassignedInput(name));
                 }
                 let input_backend = &self.backends[ib as usize];
+                // invariant: the splits are current (`planned` matched, and `reset` or a new
+                // split pass would have cleared it), and a split pass registers an input only
+                // after making its copies for every pipeline copy in the current copy epoch
                 let copy = self
                     .get_copy(input, split_backend_id, self.cur_copy)
                     .expect("every split input has copies");
@@ -1881,6 +1904,8 @@ impl Scheduler {
             }
 
             let t = self.trace.is_some().then(Instant::now);
+            // `graph` is the graph the splits were made for (its stamp was checked by the
+            // caller), and the split pass only cuts ranges inside its node list.
             let split_nodes = &graph.nodes()[start..end];
             let status = match self.callback.as_mut() {
                 None => split_backend
