@@ -942,6 +942,66 @@ mod prop {
         still_usable(&mut ctx, &mut sched)
     }
 
+    fn new1(place: Option<u8>) -> Step {
+        Step::New {
+            ty: ElementType::F32,
+            ne: vec![1],
+            place,
+            input: false,
+        }
+    }
+
+    fn un(k: u8, a: u16, f: f32) -> Step {
+        Step::Unary { k, a, f }
+    }
+
+    /// Regression (the 10^6-case run, case 571 679): a compute failed on one backend, and
+    /// `Scheduler::synchronize` stopped at the first backend's error, leaving a device's queued
+    /// error behind to fail the next, unrelated `alloc_graph`. Replays the shrunk case.
+    #[test]
+    fn an_error_on_one_backend_does_not_fail_the_next_call() {
+        let dev = |ops| DevCfg {
+            ops,
+            alignment: 1,
+            max_buffer: 4096,
+            offload: false,
+        };
+        let case = Case {
+            devices: vec![dev(249_036_800), dev(3_192_380_426)],
+            n_copies: 1,
+            graph_size: 1,
+            steps: vec![
+                new1(Some(1)),
+                new1(None),
+                un(2, 13646, 0.0),
+                un(12, 1001, -1.454_803),
+                un(0, 0, 0.0),
+                un(0, 0, 0.0),
+                un(0, 0, 0.0),
+                Step::Binary {
+                    k: 7,
+                    a: 0,
+                    b: 7326,
+                },
+                Step::Binary { k: 0, a: 0, b: 0 },
+                new1(None),
+                new1(None),
+                un(0, 0, 0.0),
+                new1(None),
+                new1(None),
+                un(0, 0, 0.0),
+            ],
+            outputs: vec![13428, 59227],
+            capacity: 8,
+            wrong_graph_first: false,
+            data_calls: vec![],
+            seed: 0,
+        };
+        if let Err(e) = run_case(&case) {
+            panic!("{e}");
+        }
+    }
+
     fn cases() -> u32 {
         std::env::var("ROBUSTNESS_CASES")
             .ok()
