@@ -1800,11 +1800,19 @@ impl Scheduler {
     }
 
     /// Wait for every backend (`ggml_backend_sched_synchronize`).
+    ///
+    /// Every backend is waited for even when one reports an error (the first error is
+    /// returned): stopping at the first would leave another backend's queued error behind, to
+    /// fail an unrelated later call.
     pub fn synchronize(&self) -> Result<()> {
+        let mut first = Ok(());
         for b in &self.backends {
-            b.synchronize()?;
+            let r = b.synchronize();
+            if first.is_ok() {
+                first = r;
+            }
         }
-        Ok(())
+        Ok(first?)
     }
 
     fn event(&self, b: usize, c: usize) -> Option<&Event> {

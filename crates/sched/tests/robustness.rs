@@ -868,6 +868,7 @@ mod prop {
                         t.is_view() && t.op() != Op::None && !t.op().is_view_op()
                     });
                     let comparable = rig.backends.len() == 1 || !in_place;
+                    let mut continue_checks = true;
                     if st == Ok(ComputeStatus::Success) && comparable {
                         count(3);
                         if sched.n_splits() > 1 {
@@ -876,6 +877,20 @@ mod prop {
                         let want = reference(before, &g, &cpu, &data);
                         let want = match want {
                             Ok(w) => w,
+                            // A view visited before its root is placed is left unplaced; the
+                            // scheduler's allocation graph orders inputs (and their copies)
+                            // first, so it may place such a view where the graph allocator
+                            // alone does not, and the CPU alone then refuses it (typed).
+                            Err(e)
+                                if e.contains("is not allocated")
+                                    && g.leafs()
+                                        .iter()
+                                        .chain(g.nodes())
+                                        .any(|&t| ctx[t].is_view() && ctx[t].op() == Op::None) =>
+                            {
+                                continue_checks = false;
+                                ctx.clone()
+                            }
                             Err(e) => {
                                 return Err(TestCaseError::fail(format!(
                                     "the scheduler computed a graph the CPU alone refuses ({e})\n{}",
@@ -883,6 +898,9 @@ mod prop {
                                 )));
                             }
                         };
+                        if !continue_checks {
+                            return still_usable(&mut ctx, &mut sched);
+                        }
                         count(4);
                         for &o in &outputs {
                             let ty = ctx[o].ty();
@@ -940,6 +958,66 @@ mod prop {
             }
         }
         still_usable(&mut ctx, &mut sched)
+    }
+
+    fn new1(place: Option<u8>) -> Step {
+        Step::New {
+            ty: ElementType::F32,
+            ne: vec![1],
+            place,
+            input: false,
+        }
+    }
+
+    fn un(k: u8, a: u16, f: f32) -> Step {
+        Step::Unary { k, a, f }
+    }
+
+    /// Regression (the 10^6-case run, case 571 679): a compute failed on one backend, and
+    /// `Scheduler::synchronize` stopped at the first backend's error, leaving a device's queued
+    /// error behind to fail the next, unrelated `alloc_graph`. Replays the shrunk case.
+    #[test]
+    fn an_error_on_one_backend_does_not_fail_the_next_call() {
+        let dev = |ops| DevCfg {
+            ops,
+            alignment: 1,
+            max_buffer: 4096,
+            offload: false,
+        };
+        let case = Case {
+            devices: vec![dev(249_036_800), dev(3_192_380_426)],
+            n_copies: 1,
+            graph_size: 1,
+            steps: vec![
+                new1(Some(1)),
+                new1(None),
+                un(2, 13646, 0.0),
+                un(12, 1001, -1.454_803),
+                un(0, 0, 0.0),
+                un(0, 0, 0.0),
+                un(0, 0, 0.0),
+                Step::Binary {
+                    k: 7,
+                    a: 0,
+                    b: 7326,
+                },
+                Step::Binary { k: 0, a: 0, b: 0 },
+                new1(None),
+                new1(None),
+                un(0, 0, 0.0),
+                new1(None),
+                new1(None),
+                un(0, 0, 0.0),
+            ],
+            outputs: vec![13428, 59227],
+            capacity: 8,
+            wrong_graph_first: false,
+            data_calls: vec![],
+            seed: 0,
+        };
+        if let Err(e) = run_case(&case) {
+            panic!("{e}");
+        }
     }
 
     fn cases() -> u32 {
