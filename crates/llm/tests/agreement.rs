@@ -13,12 +13,13 @@ use llm::{Llama, LlamaOptions};
 
 /// Prompts of `greedy-nofa.jsonl` whose first divergence is wider than the rule allows with
 /// today's CPU kernels (whose f16 and vector-exp orders follow ggml's AVX-512 build, while the
-/// goldens come from its AVX2 build; logits then differ by up to ~0.85 on this model). Each is
+/// goldens come from its AVX2 build; logits then differ by up to ~0.7 on this model). Each is
 /// still decoded and reported; the test fails if any other prompt breaks the rule, and also
-/// if a listed one starts to agree (then remove it from the list).
+/// if a listed one starts to agree (then remove it from the list). llama.cpp's own AVX-512
+/// build (same sources, same settings) makes the same choice as we do at the listed step.
 const KNOWN_WIDER: &[(usize, &str)] = &[(
-    9,
-    "def fibonacci: step 6, ours 24149 vs llama.cpp 253, 0.43 below its best",
+    4,
+    "Kyoto trip (chat): step 1, ours 1296 vs llama.cpp 306, 0.35 below its best",
 )];
 
 fn run_file(name: &str, known: &[(usize, &str)]) {
