@@ -105,3 +105,49 @@ fn greedy_agrees_with_llama_cpp_without_flash_attention() {
 fn greedy_against_llama_cpp_with_flash_attention() {
     run_file("greedy-fa.jsonl", &[]);
 }
+
+/// Our kernels follow the summation orders of ggml's AVX-512 build, so the prompt processed
+/// as one batch (f16 products in tinyBLAS's order) must reproduce llama.cpp's native
+/// (AVX-512) build, `greedy-nofa-native.jsonl`: the same greedy tokens and its top-5 logits to
+/// 1e-3 at every step. Two prompts keep it short: the ChatML "Hi" prompt (31 tokens) and the
+/// fibonacci one. A RoPE rounding 1 ulp off (the first product of a rotated pair fused
+/// instead of the second) moved the "Hi" step-0 top logit from 32.032 to 31.644.
+#[test]
+fn batched_prompts_reproduce_llama_cpp_native_build() {
+    const PROMPTS: [usize; 2] = [0, 9];
+    const TOL: f32 = 1e-3;
+    let name = "greedy-nofa-native.jsonl";
+    let Some(file) = golden::model_or_skip(name) else {
+        return;
+    };
+    let runs = golden::load(name);
+    let mut model = Llama::new(
+        &file,
+        LlamaOptions {
+            threads: 2,
+            n_ctx: 512,
+            ..Default::default()
+        },
+    )
+    .expect("model loads");
+    for i in PROMPTS {
+        let run = &runs[i];
+        model.clear();
+        let ours = golden::greedy_tokens(&mut model, &run.prompt_tokens, run.tokens.len());
+        let got: Vec<u32> = ours.iter().map(|s| s.0).collect();
+        assert_eq!(got, run.tokens, "#{i}: greedy tokens");
+        let mut worst = 0f32;
+        for (step, ((_, logits), top5)) in ours.iter().zip(&run.top5).enumerate() {
+            for &(id, theirs) in top5 {
+                let d = (logits[id as usize] - theirs).abs();
+                worst = worst.max(d);
+                assert!(
+                    d <= TOL,
+                    "#{i} step {step}: logit of {id} is {} here, {theirs} in llama.cpp",
+                    logits[id as usize]
+                );
+            }
+        }
+        eprintln!("{name} #{i}: largest top-5 logit difference {worst:.6}");
+    }
+}
