@@ -538,9 +538,10 @@ impl Exec<'_> {
                             y[j1] = x0 * s + x1 * c;
                         } else {
                             // ggml's build contracts `x0*cos - x1*sin` and `x0*sin + x1*cos`
-                            // (vectorised, for adjacent pairs) into these fused forms.
+                            // (vectorised, for adjacent pairs) into these fused forms: the
+                            // first product is fused, the second rounded and added.
                             y[j0] = x0.mul_add(c, -(x1 * s));
-                            y[j1] = x1.mul_add(c, x0 * s);
+                            y[j1] = x0.mul_add(s, x1 * c);
                         }
                     }
                     dst.store_f32(0, i1, i2, i3, y);

@@ -28,7 +28,7 @@
 //! vector `exp` polynomial lane for lane (module `gexp`), not libm, so a llama decode step
 //! matches llama.cpp's to the bit in those ops. ROPE in normal mode rotates each pair with
 //! the fused multiply-adds ggml's compiled loop uses (`x0·cos − (x1·sin)` and
-//! `x1·cos + (x0·sin)`, the bracketed products rounded).
+//! `x0·sin + (x1·cos)`, the bracketed products rounded).
 //!
 //! # Design choices
 //!

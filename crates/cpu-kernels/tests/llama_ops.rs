@@ -259,10 +259,11 @@ fn rope_normal_mode_is_ggml_bit_for_bit() {
                 for i in 0..hd / 2 {
                     let (c, s) = (theta.cos(), theta.sin());
                     let (x0, x1) = (vx[base + 2 * i], vx[base + 2 * i + 1]);
-                    // As ggml's `-march=native` build computes them: the pair is rotated by
-                    // `vfmaddsub` (x·cos ∓ the rounded cross product).
+                    // As llama.cpp's `-march=native` builds (AVX2 and AVX-512) compute them,
+                    // read back from their layer-0 `Kcur`/`Qcur` on SmolLM2: the first product
+                    // of each output fused, the second rounded.
                     let w0 = x0.mul_add(c, -(x1 * s));
-                    let w1 = x1.mul_add(c, x0 * s);
+                    let w1 = x0.mul_add(s, x1 * c);
                     assert_eq!(out[base + 2 * i].to_bits(), w0.to_bits(), "t{t} h{h} i{i}");
                     assert_eq!(
                         out[base + 2 * i + 1].to_bits(),
