@@ -256,13 +256,8 @@ impl Llama {
         Ok(m)
     }
 
-    /// Plans compute memory once for the largest step: a full micro-batch over every cell.
-    fn reserve(&mut self) -> Result<()> {
-        let shape = StepShape {
-            n_tokens: self.n_ubatch,
-            kv_head: 0,
-            n_kv: self.cache.size(),
-        };
+    /// Drops the last step's graph tensors and builds the graph of a step of `shape`.
+    fn build(&mut self, shape: StepShape) -> Result<StepTensors> {
         self.ctx.rewind(self.after_model);
         build_step(
             &mut self.ctx,
@@ -271,7 +266,17 @@ impl Llama {
             &self.weights,
             &self.cache,
             shape,
-        )?;
+        )
+    }
+
+    /// Plans compute memory once for the largest step: a full micro-batch over every cell.
+    fn reserve(&mut self) -> Result<()> {
+        let shape = StepShape {
+            n_tokens: self.n_ubatch,
+            kv_head: 0,
+            n_kv: self.cache.size(),
+        };
+        self.build(shape)?;
         self.sched.reserve(&mut self.ctx, &self.graph)?;
         let n = self.n_ubatch;
         self.ids.reserve(n * 4);
@@ -372,15 +377,7 @@ impl Llama {
             kv_head: self.cache.used(),
             n_kv: self.cache.n_kv(n),
         };
-        self.ctx.rewind(self.after_model);
-        let t: StepTensors = build_step(
-            &mut self.ctx,
-            &mut self.graph,
-            &self.hp,
-            &self.weights,
-            &self.cache,
-            shape,
-        )?;
+        let t = self.build(shape)?;
         let t1 = Instant::now();
         self.sched.reset();
         self.sched.alloc_graph(&mut self.ctx, &self.graph)?;
@@ -472,15 +469,7 @@ impl Llama {
             kv_head: self.cache.used().min(self.cache.size() - 1),
             n_kv: self.cache.n_kv(1),
         };
-        self.ctx.rewind(self.after_model);
-        build_step(
-            &mut self.ctx,
-            &mut self.graph,
-            &self.hp,
-            &self.weights,
-            &self.cache,
-            shape,
-        )?;
+        self.build(shape)?;
         self.sched.reset();
         self.sched.alloc_graph(&mut self.ctx, &self.graph)?;
         let mut out = String::new();
