@@ -12,6 +12,8 @@
 //! * client: [`connect`] / [`add_server`] give one device per remote device; its buffer type,
 //!   buffers and backends send every request through one connection per endpoint.
 //! * server: [`Server`] and [`Session`] (the per-connection state machine, socket-free).
+//! * [`connect_all`]: a user's list of endpoints to devices, [`EMBEDDED`] starting our server
+//!   in-process.
 //!
 //! # The `rpc-server` binary
 //!
@@ -49,9 +51,11 @@
 //! ```
 
 mod client;
+mod endpoints;
 pub mod mapping;
 mod server;
 pub mod wire;
 
 pub use client::{RpcConfig, RpcError, add_server, connect, parse_endpoints};
+pub use endpoints::{ConnectAllError, EMBEDDED, RemoteDevices, connect_all};
 pub use server::{BackendFactory, Server, ServerConfig, ServerError, ServerHandle, Session};

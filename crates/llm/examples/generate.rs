@@ -7,6 +7,8 @@
 // A command-line program: printing is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod common;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -208,28 +210,5 @@ fn run(a: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
-    let args = match parse() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("generate: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("generate: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::main("generate", USAGE, parse, run)
 }

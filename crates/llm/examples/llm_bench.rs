@@ -11,6 +11,8 @@
 // A command-line program: printing is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -232,28 +234,5 @@ fn add(sum: &mut llm::StepTimings, t: &llm::StepTimings) {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
-    let args = match parse() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("llm_bench: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("llm_bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    common::main("llm_bench", USAGE, parse, run)
 }

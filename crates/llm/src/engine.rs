@@ -27,8 +27,7 @@ use crate::kv_cache::{KvCache, fill_mask};
 use crate::sampler::Sampler;
 use crate::weights::{LlamaWeights, ModelFile};
 
-/// The `rpc` endpoint that starts our RPC server in this process (loopback, ephemeral port).
-pub const EMBEDDED: &str = "embedded";
+pub use backend_rpc::EMBEDDED;
 
 /// How to set up a [`Llama`].
 #[derive(Clone, Debug)]
@@ -183,7 +182,10 @@ impl Llama {
         let mut layer_bufts: Vec<BufferType> = vec![cpu_device.buffer_type(); n_layer];
         let mut servers = Vec::new();
         if !opts.rpc.is_empty() {
-            let (devices, handles) = remote_devices(&opts.rpc, &cpu_device, threads)?;
+            let config = backend_rpc::RpcConfig::default();
+            let (devices, handles) =
+                backend_rpc::connect_all(&opts.rpc, &cpu_device, threads, &config)
+                    .map_err(|e| LlmError::Backend(format!("rpc {e}")))?;
             servers = handles;
             for (i, (endpoint, device)) in devices.iter().enumerate() {
                 let run = share(offload, devices.len(), i);
@@ -254,13 +256,8 @@ impl Llama {
         Ok(m)
     }
 
-    /// Plans compute memory once for the largest step: a full micro-batch over every cell.
-    fn reserve(&mut self) -> Result<()> {
-        let shape = StepShape {
-            n_tokens: self.n_ubatch,
-            kv_head: 0,
-            n_kv: self.cache.size(),
-        };
+    /// Drops the last step's graph tensors and builds the graph of a step of `shape`.
+    fn build(&mut self, shape: StepShape) -> Result<StepTensors> {
         self.ctx.rewind(self.after_model);
         build_step(
             &mut self.ctx,
@@ -269,7 +266,17 @@ impl Llama {
             &self.weights,
             &self.cache,
             shape,
-        )?;
+        )
+    }
+
+    /// Plans compute memory once for the largest step: a full micro-batch over every cell.
+    fn reserve(&mut self) -> Result<()> {
+        let shape = StepShape {
+            n_tokens: self.n_ubatch,
+            kv_head: 0,
+            n_kv: self.cache.size(),
+        };
+        self.build(shape)?;
         self.sched.reserve(&mut self.ctx, &self.graph)?;
         let n = self.n_ubatch;
         self.ids.reserve(n * 4);
@@ -370,15 +377,7 @@ impl Llama {
             kv_head: self.cache.used(),
             n_kv: self.cache.n_kv(n),
         };
-        self.ctx.rewind(self.after_model);
-        let t: StepTensors = build_step(
-            &mut self.ctx,
-            &mut self.graph,
-            &self.hp,
-            &self.weights,
-            &self.cache,
-            shape,
-        )?;
+        let t = self.build(shape)?;
         let t1 = Instant::now();
         self.sched.reset();
         self.sched.alloc_graph(&mut self.ctx, &self.graph)?;
@@ -470,15 +469,7 @@ impl Llama {
             kv_head: self.cache.used().min(self.cache.size() - 1),
             n_kv: self.cache.n_kv(1),
         };
-        self.ctx.rewind(self.after_model);
-        build_step(
-            &mut self.ctx,
-            &mut self.graph,
-            &self.hp,
-            &self.weights,
-            &self.cache,
-            shape,
-        )?;
+        self.build(shape)?;
         self.sched.reset();
         self.sched.alloc_graph(&mut self.ctx, &self.graph)?;
         let mut out = String::new();
@@ -514,49 +505,6 @@ fn share(n: usize, k: usize, i: usize) -> std::ops::Range<usize> {
     let (base, extra) = (n / k, n % k);
     let start = i * base + i.min(extra);
     start..start + base + usize::from(i < extra)
-}
-
-type RemoteDevices = Vec<(String, backend_core::Device)>;
-
-/// Connects to every endpoint (starting our server in-process for [`EMBEDDED`]).
-fn remote_devices(
-    endpoints: &[String],
-    cpu_device: &backend_core::Device,
-    threads: usize,
-) -> Result<(RemoteDevices, Vec<backend_rpc::ServerHandle>)> {
-    let rpc_err = |endpoint: &str, e: &dyn std::fmt::Display| {
-        LlmError::Backend(format!("rpc {endpoint}: {e}"))
-    };
-    let config = backend_rpc::RpcConfig::default();
-    let mut devices = Vec::new();
-    let mut servers = Vec::new();
-    for endpoint in endpoints {
-        let endpoint = if endpoint == EMBEDDED {
-            let device = cpu_device.clone();
-            let factory: backend_rpc::BackendFactory =
-                Arc::new(move || device.init_backend(&format!("n_threads={threads}")));
-            let server = backend_rpc::Server::new(
-                cpu_device.clone(),
-                factory,
-                backend_rpc::ServerConfig::default(),
-            );
-            let handle = server
-                .spawn("127.0.0.1:0")
-                .map_err(|e| rpc_err(EMBEDDED, &e))?;
-            let at = handle.endpoint();
-            tracing::info!(endpoint = %at, "embedded RPC server started (our CPU backend)");
-            servers.push(handle);
-            at
-        } else {
-            endpoint.clone()
-        };
-        let found = backend_rpc::connect(&endpoint, &config).map_err(|e| rpc_err(&endpoint, &e))?;
-        if found.is_empty() {
-            return Err(rpc_err(&endpoint, &"the server has no devices"));
-        }
-        devices.extend(found.into_iter().map(|d| (endpoint.clone(), d)));
-    }
-    Ok((devices, servers))
 }
 
 #[cfg(test)]

@@ -49,9 +49,7 @@ pub struct EmbedderOptions {
     pub profile: bool,
 }
 
-/// The `rpc` endpoint that starts our RPC server in this process (loopback, ephemeral port)
-/// and connects to it like to any other server.
-pub const EMBEDDED: &str = "embedded";
+pub use backend_rpc::EMBEDDED;
 
 /// Compute time per op kind, from [`Embedder::take_profile`].
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -155,7 +153,10 @@ impl Embedder {
         let mut backends: Vec<Backend> = Vec::new();
         let mut servers = Vec::new();
         if !opts.rpc.is_empty() {
-            let (devices, handles) = remote_devices(&opts.rpc, &cpu_device, threads)?;
+            let config = backend_rpc::RpcConfig::default();
+            let (devices, handles) =
+                backend_rpc::connect_all(&opts.rpc, &cpu_device, threads, &config)
+                    .map_err(|e| MinilmError::Backend(format!("rpc {e}")))?;
             servers = handles;
             // Contiguous runs of the offloaded layers, earlier devices taking earlier layers.
             let first = n_layers - offload;
@@ -418,51 +419,6 @@ fn share(n: usize, k: usize, i: usize) -> std::ops::Range<usize> {
     let (base, extra) = (n / k, n % k);
     let start = i * base + i.min(extra);
     start..start + base + usize::from(i < extra)
-}
-
-/// Remote devices, each with the endpoint it came from.
-type RemoteDevices = Vec<(String, backend_core::Device)>;
-
-/// Connects to every endpoint (starting our server in-process for [`EMBEDDED`]) and returns
-/// each remote device with the endpoint it came from, plus the embedded servers' handles.
-fn remote_devices(
-    endpoints: &[String],
-    cpu_device: &backend_core::Device,
-    threads: usize,
-) -> Result<(RemoteDevices, Vec<backend_rpc::ServerHandle>)> {
-    let rpc_err = |endpoint: &str, e: &dyn std::fmt::Display| {
-        MinilmError::Backend(format!("rpc {endpoint}: {e}"))
-    };
-    let config = backend_rpc::RpcConfig::default();
-    let mut devices = Vec::new();
-    let mut servers = Vec::new();
-    for endpoint in endpoints {
-        let endpoint = if endpoint == EMBEDDED {
-            let device = cpu_device.clone();
-            let factory: backend_rpc::BackendFactory =
-                Arc::new(move || device.init_backend(&format!("n_threads={threads}")));
-            let server = backend_rpc::Server::new(
-                cpu_device.clone(),
-                factory,
-                backend_rpc::ServerConfig::default(),
-            );
-            let handle = server
-                .spawn("127.0.0.1:0")
-                .map_err(|e| rpc_err(EMBEDDED, &e))?;
-            let at = handle.endpoint();
-            tracing::info!(endpoint = %at, "embedded RPC server started (our CPU backend)");
-            servers.push(handle);
-            at
-        } else {
-            endpoint.clone()
-        };
-        let found = backend_rpc::connect(&endpoint, &config).map_err(|e| rpc_err(&endpoint, &e))?;
-        if found.is_empty() {
-            return Err(rpc_err(&endpoint, &"the server has no devices"));
-        }
-        devices.extend(found.into_iter().map(|d| (endpoint.clone(), d)));
-    }
-    Ok((devices, servers))
 }
 
 fn le_bytes<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
