@@ -51,7 +51,10 @@ fn vec_dot(row: &[f32], col: &[f32]) -> f32 {
             }
         }
     }
-    let x: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let mut x = [0.0f32; 16];
+    for l in 0..16 {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
     let mut sum = f64::from(reduce16(&x));
     for (&a, &b) in row[np..k].iter().zip(&col[np..]) {
         sum += f64::from(a * b);
@@ -73,10 +76,18 @@ fn tiny(row: &[f32], col: &[f32]) -> f32 {
 #[inline(always)]
 fn rows_portable<const R: usize>(order: Order, rows: [&[f32]; R], col: &[f32]) -> [f32; R] {
     let k = col.len();
-    rows.map(|r| match order {
-        Order::VecDot => vec_dot(&r[..k], col),
-        Order::Tiny => tiny(&r[..k], col),
-    })
+    // Plain loops rather than `rows.map(..)`: a closure is a function of its own that need
+    // not be inlined, and outside `rows_fma`'s target features `mul_add` becomes a call to
+    // the library's `fmaf` per element (same bits, some fifty times slower).
+    let mut out = [0.0f32; R];
+    for i in 0..R {
+        let r = &rows[i][..k];
+        out[i] = match order {
+            Order::VecDot => vec_dot(r, col),
+            Order::Tiny => tiny(r, col),
+        };
+    }
+    out
 }
 
 /// `out[r] = rows[r] · col` in `order` (each row at least `col.len()` long; for
