@@ -3,7 +3,7 @@
 //! "elem/s" = FLOP/s), elementwise ADD in GB/s (also in place), GELU_ERF in elements/s.
 //!
 //! `bench_llama` adds SmolLM2-135M's shapes (q4_1 decode step, q8_0 output head, q4_1
-//! prompts).
+//! prompts, and the f16 attention products of a decode step).
 //!
 //! `cargo bench -p cpu-kernels --bench kernels`; `BENCH_LARGE=1` adds MUL_MAT 4096³ f32,
 //! `BENCH_THREADS=N` uses N threads instead of 2.
@@ -124,7 +124,8 @@ fn bench_mul_mat(c: &mut Criterion) {
 /// is the thirty blocks' seven q4_1 products of one decode step (576 → 576, 192, 192, 576,
 /// 1536, 1536; 1536 → 576) on distinct weights, 66 MB streamed per call as in a real step;
 /// `q8_0_576x49152_x1` the tied output head (28 MB); then one block's largest product with
-/// a 64- and a 512-token prompt. Throughput: bytes of weights (GB/s) for the decode shapes,
+/// a 64- and a 512-token prompt; `f16_attention_30_layers_kv512_x1` is the step's attention
+/// products over 512 cells ([`f16_attention`]). Throughput: bytes of weights (GB/s) for the decode shapes,
 /// FLOP/s for the prompts.
 fn bench_llama(
     cpu: &CpuCompute,
@@ -178,6 +179,14 @@ fn bench_llama(
         })
     });
     drop(head);
+    let attn = f16_attention(512);
+    group.throughput(Throughput::Elements((2 * 2 * 30 * 9 * 64 * 512) as u64));
+    group.bench_function("f16_attention_30_layers_kv512_x1", |b| {
+        timed(b, || {
+            black_box(cpu.compute(&attn.ctx, attn.g.as_view(), None).unwrap())
+        })
+    });
+    drop(attn);
     for n in [64, 512] {
         let s = mul_mat(ElementType::Q4_1, 576, 1536, n);
         group.throughput(Throughput::Elements((2 * 576 * 1536 * n) as u64));
@@ -187,6 +196,31 @@ fn bench_llama(
             })
         });
     }
+}
+
+/// The attention products of a SmolLM2-135M decode step over `n_kv` cached cells, thirty
+/// blocks of `K·Q` (f16 `[64, n_kv, 3]` × f32 `[64, 1, 9]`: nine query heads over three KV
+/// heads) and `V·P` (f16 `[n_kv, 64, 3]` × f32 `[n_kv, 1, 9]`); each block has its own cache.
+fn f16_attention(n_kv: i64) -> Setup {
+    let mut ctx = Context::new();
+    let mut ids = Vec::new();
+    let mut outs = Vec::new();
+    for _ in 0..30 {
+        let k = ctx.new_tensor_3d(ElementType::F16, 64, n_kv, 3).unwrap();
+        let q = ctx.new_tensor_3d(ElementType::F32, 64, 1, 9).unwrap();
+        let kq = ctx.mul_mat(k, q).unwrap();
+        let v = ctx.new_tensor_3d(ElementType::F16, n_kv, 64, 3).unwrap();
+        let p = ctx.new_tensor_3d(ElementType::F32, n_kv, 1, 9).unwrap();
+        let kqv = ctx.mul_mat(v, p).unwrap();
+        ids.extend([k, q, kq, v, p, kqv]);
+        outs.extend([kq, kqv]);
+    }
+    let mut g = Graph::new(128);
+    for &y in &outs {
+        g.build_forward_expand(&mut ctx, y).unwrap();
+    }
+    let buf = alloc(&mut ctx, &ids);
+    Setup { ctx, g, _buf: buf }
 }
 
 /// Read streams per thread in the read baseline. On this machine kind (Zen 3, 2 cores) one

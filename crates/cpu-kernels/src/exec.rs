@@ -757,20 +757,29 @@ impl Exec<'_> {
         } else {
             0
         };
+        // The `bh` query heads that share one matrix of `a` (GQA: `r2` of them) go in one
+        // unit, so that its rows are read (and for f16, converted) once for all of them: the
+        // heads' columns are the consecutive packed columns `batch0 · n ..`, `nn` in all.
+        let bh = if a.ne[2] * r2 == dst.ne[2] { r2 } else { 1 };
+        let nn = bh * n;
         let this = &*self;
-        this.par_for_contiguous(n_batch * mblocks, MM_ROWS * k * n, |units, ts| {
+        this.par_for_contiguous(n_batch / bh * mblocks, MM_ROWS * k * nn, |units, ts| {
             for u in units {
-                let (batch, mb) = (u / mblocks, u % mblocks);
-                let (i2, i3) = (batch % dst.ne[2], batch / dst.ne[2]);
-                let (a2, a3) = (i2 / r2, i3 / r3);
+                let (batch0, mb) = (u / mblocks * bh, u % mblocks);
+                let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
+                let (a2, a3) = (i2_0 / r2, i3 / r3);
                 let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
                 let nr = rows.len();
-                let out = grow(&mut ts.c, nr * n);
+                let out = grow(&mut ts.c, nr * nn);
                 if tiled {
-                    let cols = &packed_f32[batch * n * k..(batch + 1) * n * k];
                     let rws: [&[f32]; MM_ROWS] =
                         f32_rows(a, |i| rows.start + i.min(nr - 1), a2, a3, &mut ts.a);
-                    mul_mat_tiles_f32(isa, &rws[..nr], cols, k, out);
+                    // One call per head: the tiles' slicing depends on the column count.
+                    for h in 0..bh {
+                        let batch = batch0 + h;
+                        let cols = &packed_f32[batch * n * k..(batch + 1) * n * k];
+                        mul_mat_tiles_f32(isa, &rws[..nr], cols, k, &mut out[h * n * nr..]);
+                    }
                 } else {
                     // Groups of weight rows share each column load (a short last group repeats
                     // its last row and drops the extra results; a row's result does not depend
@@ -789,10 +798,10 @@ impl Exec<'_> {
                             let rws: [&[u8]; ROWS] =
                                 std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
                             let col = |j: usize| {
-                                let c = batch * n + j;
+                                let c = batch0 * n + j;
                                 &packed_q[c * col_bytes..(c + 1) * col_bytes]
                             };
-                            qdot_group(isa, kind, rws, n, col, qdot_prefetch, &mut put);
+                            qdot_group(isa, kind, rws, nn, col, qdot_prefetch, &mut put);
                             continue;
                         }
                         match a.ty {
@@ -800,29 +809,33 @@ impl Exec<'_> {
                                 let rws: [&[u8]; ROWS] =
                                     std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
                                 let col = |j: usize| {
-                                    let c = batch * n + j;
+                                    let c = batch0 * n + j;
                                     &packed_q[c * col_bytes..(c + 1) * col_bytes]
                                 };
-                                // Four columns per call share the rows' unpacking.
-                                let mut j = 0;
-                                while j + Q4_COLS <= n {
-                                    let cols = std::array::from_fn(|c| col(j + c));
-                                    let d = quant::dot_q4_0_q8_0_rows::<Q4_COLS>(isa, rws, cols);
-                                    for (c, d) in d.iter().enumerate() {
-                                        put(j + c, d);
+                                // Four columns per call share the rows' unpacking (in
+                                // fours from each head's first column, as without GQA).
+                                for h in (0..nn).step_by(n) {
+                                    let mut j = h;
+                                    while j + Q4_COLS <= h + n {
+                                        let cols = std::array::from_fn(|c| col(j + c));
+                                        let d =
+                                            quant::dot_q4_0_q8_0_rows::<Q4_COLS>(isa, rws, cols);
+                                        for (c, d) in d.iter().enumerate() {
+                                            put(j + c, d);
+                                        }
+                                        j += Q4_COLS;
                                     }
-                                    j += Q4_COLS;
-                                }
-                                for j in j..n {
-                                    let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
-                                    put(j, &d);
+                                    for j in j..h + n {
+                                        let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
+                                        put(j, &d);
+                                    }
                                 }
                             }
                             ElementType::F16 => {
                                 let rws: [&[f32]; F32_ROWS] =
                                     f32_rows(a, row_of, a2, a3, &mut ts.a);
-                                for j in 0..n {
-                                    let c = batch * n + j;
+                                for j in 0..nn {
+                                    let c = batch0 * n + j;
                                     let col = &packed_f32[c * k..(c + 1) * k];
                                     put(j, &hdot::dot_rows(half_order, rws, col));
                                 }
@@ -830,8 +843,8 @@ impl Exec<'_> {
                             _ => {
                                 let rws: [&[f32]; F32_ROWS] =
                                     f32_rows(a, row_of, a2, a3, &mut ts.a);
-                                for j in 0..n {
-                                    let c = batch * n + j;
+                                for j in 0..nn {
+                                    let c = batch0 * n + j;
                                     let col = &packed_f32[c * k..(c + 1) * k];
                                     put(j, &quant::dot_f32_rows(isa, rws, col));
                                 }
@@ -839,8 +852,9 @@ impl Exec<'_> {
                         }
                     }
                 }
-                for j in 0..n {
-                    dst.store_f32(rows.start, j, i2, i3, &out[j * nr..(j + 1) * nr]);
+                for jj in 0..nn {
+                    let (h, j) = (jj / n, jj % n);
+                    dst.store_f32(rows.start, j, i2_0 + h, i3, &out[jj * nr..(jj + 1) * nr]);
                 }
             }
             Ok(())

@@ -192,6 +192,19 @@ impl TView {
                     *o = unsafe { p.add(k * s).cast::<i32>().read_unaligned() } as f32;
                 }
             }
+            ElementType::F16 | ElementType::BF16 if s == 2 && (p as usize).is_multiple_of(2) => {
+                // SAFETY: `n * 2` bytes from `p` are inside the tensor (offset_checked), `p` is
+                // aligned for u16 (checked just above) and any bits are a valid u16; other
+                // threads do not write these bytes during this op (module invariant).
+                let bits: &[u16] = unsafe { std::slice::from_raw_parts(p.cast::<u16>(), n) };
+                if self.ty == ElementType::F16 {
+                    let h: &[f16] = half::slice::HalfBitsSliceExt::reinterpret_cast(bits);
+                    h.convert_to_f32_slice(out);
+                } else {
+                    let h: &[bf16] = half::slice::HalfBitsSliceExt::reinterpret_cast(bits);
+                    h.convert_to_f32_slice(out);
+                }
+            }
             ElementType::F16 | ElementType::BF16 => {
                 let mut bits = [0u16; CHUNK];
                 for (c, chunk) in out.chunks_mut(CHUNK).enumerate() {

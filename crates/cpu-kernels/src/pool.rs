@@ -12,6 +12,12 @@
 //! long burnt a whole core while the other thread ran the many small single-threaded ops of a
 //! decode step, and on a shared machine took time from the very thread being waited for.
 //!
+//! Jobs share their work out (each call of the job claims units from a common counter until
+//! none are left), so a worker that has not started by the time the caller's own share is
+//! done has nothing left to do: the caller then takes back its seat instead of waiting for
+//! it to wake up, which on a loaded machine (the worker descheduled, or asleep) saved most of
+//! the hand-off cost of a small op.
+//!
 //! The job is a borrowed closure. Workers receive it with its lifetime erased; this is sound
 //! because [`Pool::run`] does not return (or unwind) before every worker has finished with it.
 
@@ -46,6 +52,11 @@ struct Shared {
     done: Condvar,
     epoch: AtomicU64,
     remaining: AtomicUsize,
+    /// `seats[i]`: worker `i` may still start the current job. Set when the job is
+    /// published; taken (swapped to `false`) by the worker as it starts, or by the caller
+    /// once its own call has returned, whichever comes first; the one that takes it owns
+    /// the worker's decrement of `remaining`.
+    seats: Box<[AtomicBool]>,
     panicked: AtomicBool,
 }
 
@@ -111,6 +122,7 @@ impl Pool {
             done: Condvar::new(),
             epoch: AtomicU64::new(0),
             remaining: AtomicUsize::new(0),
+            seats: (0..n_threads).map(|_| AtomicBool::new(false)).collect(),
             panicked: AtomicBool::new(false),
         });
         let mut handles = Vec::with_capacity(n_threads - 1);
@@ -142,6 +154,10 @@ impl Pool {
 
     /// Run `f(ith)` for `ith in 0..n` (`n` clamped to the pool size), `f(0)` on this thread,
     /// and return when all have finished. A panic in any of them is re-raised here.
+    ///
+    /// `f` must share its work out: any one call completes whatever work the others have not
+    /// claimed. A worker that has not started `f` when `f(0)` returns is then skipped (its
+    /// call would find nothing left), so not every `f(ith)` for `ith > 0` runs.
     pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         let n = n.clamp(1, self.n_threads);
         if n == 1 {
@@ -158,11 +174,20 @@ impl Pool {
             s.job = Some(JobPtr(job));
             s.n = n;
             s.epoch += 1;
+            for seat in &self.shared.seats[1..n] {
+                seat.store(true, Ordering::Relaxed);
+            }
             self.shared.remaining.store(n - 1, Ordering::Release);
             self.shared.epoch.store(s.epoch, Ordering::Release);
         }
         self.shared.work.notify_all();
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        // Take back the seats of workers that have not started: the work is all claimed.
+        for seat in &self.shared.seats[1..n] {
+            if seat.swap(false, Ordering::AcqRel) {
+                self.shared.remaining.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         // Wait for the workers: poll briefly, then sleep.
         poll(|| self.shared.remaining.load(Ordering::Acquire) == 0);
         {
@@ -185,7 +210,7 @@ fn worker(sh: Arc<Shared>, ith: usize) {
     let mut seen = 0u64;
     loop {
         poll(|| sh.epoch.load(Ordering::Acquire) != seen);
-        let (job, n) = {
+        let (job, seated) = {
             let mut s = sh.slot.lock();
             while s.epoch == seen && !s.shutdown {
                 sh.work.wait(&mut s);
@@ -194,14 +219,19 @@ fn worker(sh: Arc<Shared>, ith: usize) {
                 return;
             }
             seen = s.epoch;
-            (s.job, s.n)
+            // Take our seat while holding the lock, so that the job read above is the one
+            // the seat was set for (the next job is published under this lock).
+            let seated = s.n > ith && sh.seats[ith].swap(false, Ordering::AcqRel);
+            (s.job, seated)
         };
-        if ith >= n {
+        if !seated {
+            // Not in this job, or the caller finished it before we started.
             continue;
         }
         if let Some(JobPtr(p)) = job {
-            // SAFETY: `Pool::run` published this pointer for the current epoch and waits for
-            // `remaining` to reach zero (our decrement below) before the closure goes away.
+            // SAFETY: `Pool::run` published this pointer for the current epoch; we hold its
+            // seat, so it waits for `remaining` to reach zero (our decrement below) before the
+            // closure goes away.
             let f = unsafe { &*p };
             if catch_unwind(AssertUnwindSafe(|| f(ith))).is_err() {
                 sh.panicked.store(true, Ordering::Release);
@@ -223,6 +253,37 @@ impl Drop for Pool {
         self.shared.work.notify_all();
         for h in self.handles.drain(..) {
             let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Work-sharing jobs finish every unit exactly once, back to back, whether or not the
+    /// workers start in time (the caller takes back the seats of those that do not).
+    #[test]
+    fn shared_jobs_do_every_unit_once() {
+        let (jobs, units) = if cfg!(miri) { (4, 16) } else { (2000, 64) };
+        for threads in 1..=3 {
+            let pool = Pool::new(threads);
+            for job in 0..jobs {
+                let next = AtomicUsize::new(0);
+                let done: Vec<AtomicUsize> = (0..units).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(threads, &|_| {
+                    loop {
+                        let u = next.fetch_add(1, Ordering::Relaxed);
+                        if u >= units {
+                            return;
+                        }
+                        done[u].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                for (u, d) in done.iter().enumerate() {
+                    assert_eq!(d.load(Ordering::Relaxed), 1, "job {job}, unit {u}");
+                }
+            }
         }
     }
 }
