@@ -12,8 +12,6 @@
 //! test device; with `rpc` endpoints they go to remote devices instead (ggml's `rpc-server`,
 //! ours, or `embedded`: our server started in this process), shared in contiguous runs.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backend_core::{Backend, Buffer, BufferType, tensor_get, tensor_set};
@@ -79,12 +77,6 @@ pub struct StepTimings {
     pub ops: Vec<(String, Duration, usize)>,
 }
 
-#[derive(Default)]
-struct ProfileState {
-    started: Option<Instant>,
-    per_op: BTreeMap<String, (Duration, usize)>,
-}
-
 /// One generation's result.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Generation {
@@ -124,7 +116,7 @@ pub struct Llama {
     logits_bytes: Vec<u8>,
     logits: Vec<f32>,
     timings: StepTimings,
-    profile: Option<Arc<Mutex<ProfileState>>>,
+    profile: Option<sched::OpTimer>,
     _weight_buffers: Vec<Buffer>,
     // Declared last: embedded servers stop after every connection to them is dropped.
     _servers: Vec<backend_rpc::ServerHandle>,
@@ -296,24 +288,7 @@ impl Llama {
     }
 
     fn enable_profile(&mut self) {
-        let state = Arc::new(Mutex::new(ProfileState::default()));
-        let s = Arc::clone(&state);
-        self.sched.set_eval_callback(Some(Box::new(
-            move |ctx: &Context, t: TensorId, ask: bool| {
-                let mut st = s.lock().unwrap_or_else(|e| e.into_inner());
-                if ask {
-                    st.started = Some(Instant::now());
-                } else {
-                    let dt = st.started.take().map(|s| s.elapsed()).unwrap_or_default();
-                    let name = op_name(ctx, t);
-                    let e = st.per_op.entry(name).or_default();
-                    e.0 += dt;
-                    e.1 += 1;
-                }
-                true
-            },
-        )));
-        self.profile = Some(state);
+        self.profile = Some(sched::OpTimer::install(&mut self.sched, op_name));
     }
 
     /// The hyperparameters.
@@ -335,12 +310,7 @@ impl Llama {
     pub fn take_timings(&mut self) -> StepTimings {
         let mut t = std::mem::take(&mut self.timings);
         if let Some(p) = &self.profile {
-            let mut st = p.lock().unwrap_or_else(|e| e.into_inner());
-            t.ops = std::mem::take(&mut st.per_op)
-                .into_iter()
-                .map(|(k, (d, n))| (k, d, n))
-                .collect();
-            t.ops.sort_by_key(|o| std::cmp::Reverse(o.1));
+            t.ops = p.take();
         }
         t
     }

@@ -12,9 +12,7 @@
 //! without setting anything up. Several remote devices share the offloaded layers in
 //! contiguous runs, earlier devices taking earlier layers.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backend_core::{Backend, Buffer, tensor_get, tensor_set};
@@ -58,12 +56,6 @@ pub struct OpProfile {
     pub ops: Vec<(String, Duration, usize)>,
 }
 
-#[derive(Default)]
-struct ProfileState {
-    started: Option<Instant>,
-    per_op: BTreeMap<String, (Duration, usize)>,
-}
-
 fn op_name(op: Op) -> String {
     match op {
         Op::Unary(u) => format!("UNARY({u:?})"),
@@ -89,7 +81,7 @@ pub struct Embedder {
     after_weights: Checkpoint,
     sched: Scheduler,
     opts: EmbedderOptions,
-    profile: Option<Arc<Mutex<ProfileState>>>,
+    profile: Option<sched::OpTimer>,
     // Buffers holding the weights; the mapped file lives as long as its buffer.
     _weight_buffers: Vec<Buffer>,
     _file: WeightFile,
@@ -226,25 +218,9 @@ impl Embedder {
     }
 
     fn enable_profile(&mut self) {
-        let state = Arc::new(Mutex::new(ProfileState::default()));
-        let s = Arc::clone(&state);
-        self.sched.set_eval_callback(Some(Box::new(
-            move |ctx: &Context, t: TensorId, ask: bool| {
-                let mut st = s.lock().unwrap_or_else(|e| e.into_inner());
-                if ask {
-                    st.started = Some(Instant::now());
-                    true
-                } else {
-                    let dt = st.started.take().map(|s| s.elapsed()).unwrap_or_default();
-                    let name = ctx.get(t).map(|t| op_name(t.op())).unwrap_or_default();
-                    let e = st.per_op.entry(name).or_default();
-                    e.0 += dt;
-                    e.1 += 1;
-                    true
-                }
-            },
-        )));
-        self.profile = Some(state);
+        self.profile = Some(sched::OpTimer::install(&mut self.sched, |ctx, t| {
+            ctx.get(t).map(|t| op_name(t.op())).unwrap_or_default()
+        }));
     }
 
     /// The model's configuration.
@@ -259,16 +235,13 @@ impl Embedder {
 
     /// Per-op compute times since the last call (empty unless `profile` was set).
     pub fn take_profile(&mut self) -> OpProfile {
-        let Some(p) = &self.profile else {
-            return OpProfile::default();
-        };
-        let mut st = p.lock().unwrap_or_else(|e| e.into_inner());
-        let mut ops: Vec<_> = std::mem::take(&mut st.per_op)
-            .into_iter()
-            .map(|(k, (d, n))| (k, d, n))
-            .collect();
-        ops.sort_by_key(|o| std::cmp::Reverse(o.1));
-        OpProfile { ops }
+        OpProfile {
+            ops: self
+                .profile
+                .as_ref()
+                .map(sched::OpTimer::take)
+                .unwrap_or_default(),
+        }
     }
 
     /// Unit-length embeddings of `sentences`, in order, computed in batches of

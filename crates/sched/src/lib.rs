@@ -45,12 +45,14 @@ mod error;
 pub mod fixture;
 mod galloc;
 pub mod llama;
+mod op_timer;
 mod plan;
 mod print;
 mod sched;
 pub mod trace;
 
 pub use error::SchedError;
+pub use op_timer::OpTimer;
 pub use plan::{Plan, PlanSplit, PlanTensor};
 pub use print::fmt_size;
 pub use sched::{
