@@ -51,7 +51,11 @@ fn quantized_rows_of_partial_blocks_are_refused() {
     set_i32(&ctx, rows, &[0, 1]);
     let cpu = CpuCompute::new(1);
     for node in [got, prod] {
-        assert!(!cpu_kernels::supports_op(&ctx, node), "{:?}", ctx[node].op());
+        assert!(
+            !cpu_kernels::supports_op(&ctx, node),
+            "{:?}",
+            ctx[node].op()
+        );
         let mut g = Graph::new(8);
         g.build_forward_expand(&mut ctx, node).unwrap();
         let e = cpu.compute(&ctx, g.as_view(), None).unwrap_err();
