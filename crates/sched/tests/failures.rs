@@ -447,6 +447,9 @@ fn the_layout_of_a_plan_printed_against_another_context_does_not_panic() {
     let plan = sched::Plan::from_scheduler(&s, &Context::new(), &m.graph);
     assert_eq!(plan.nodes.len(), m.graph.n_nodes());
     assert!(plan.nodes.iter().all(|n| n.name == "?" && n.op.is_none()));
+    // A source slot past the last is empty, not a panic.
+    let node = m.graph.nodes()[0];
+    assert_eq!(s.effective_src(&m.ctx, node, graph::MAX_SRC), None);
     // The copies the plan made live after `mark`; the inputs before it.
     m.ctx.rewind(mark);
     let mut out = String::new();
