@@ -251,3 +251,21 @@ fn a_guard_size_past_usize_is_a_typed_error() {
     let opts = graph_copy::CopyOptions { guard_bytes: 64 };
     graph_copy::graph_copy_with(&ctx, &g, &dev.buffer_type(), &opts).unwrap();
 }
+
+/// Regression: `NodeComparison`'s fields are public, and `op` indexed its context by its id.
+#[test]
+fn a_node_comparison_of_a_foreign_id_has_no_op() {
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let y = ctx.sqr(x).unwrap();
+    let empty = Context::new();
+    let c = graph_copy::NodeComparison {
+        index: 0,
+        id: y,
+        ctx1: &empty,
+        ctx2: &ctx,
+    };
+    assert_eq!(c.op(), graph::Op::None);
+    let c = graph_copy::NodeComparison { ctx1: &ctx, ..c };
+    assert_eq!(c.op(), graph::Op::Sqr);
+}
