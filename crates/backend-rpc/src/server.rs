@@ -612,8 +612,9 @@ pub struct Session {
     allocated: u64,
     backend: Option<Backend>,
     stored: Option<StoredGraph>,
-    /// The charge for the graph message being read and handled (see [`Session::admit`]).
-    message: Option<Reservation>,
+    /// The charge for the graph message being read and handled, with the payload size it was
+    /// taken for (see [`Session::admit`]).
+    message: Option<(u64, Reservation)>,
 }
 
 impl std::fmt::Debug for Session {
@@ -710,7 +711,7 @@ impl Session {
             self.message = None;
             if size > GRAPH_FREE_BYTES {
                 let charge = self.charge("GRAPH_COMPUTE", graph_message_cost(size), 0)?;
-                self.message = Some(charge);
+                self.message = Some((size, charge));
             }
         }
         Ok(c)
@@ -719,7 +720,7 @@ impl Session {
     /// Bytes this client holds in its accounts: buffers, stored graph, message being handled.
     fn held(&self) -> u64 {
         let graph = self.stored.as_ref().and_then(|g| g.charge.as_ref());
-        [graph, self.message.as_ref()]
+        [graph, self.message.as_ref().map(|(_, r)| r)]
             .into_iter()
             .flatten()
             .fold(self.allocated, |t, r| t.saturating_add(r.bytes))
@@ -759,6 +760,10 @@ impl Session {
     /// Handle one complete request; `Ok(Some(bytes))` is the response payload to send.
     pub fn handle(&mut self, cmd: u8, payload: &[u8]) -> Result<Option<Vec<u8>>, ServerError> {
         let c = self.check_header(cmd, payload.len() as u64)?;
+        if c != Command::GraphCompute {
+            // A charge is only for the GRAPH_COMPUTE it was admitted for.
+            self.message = None;
+        }
         let mut r = Reader::new(payload, "request");
         let out = match c {
             Command::Hello => {
@@ -897,12 +902,14 @@ impl Session {
                 Some(size.to_le_bytes().to_vec())
             }
             Command::GraphCompute => {
-                if self.message.is_none() {
-                    self.admit(cmd, payload.len() as u64)?;
+                // Admitted by the caller for this very size, or admitted here.
+                let size = payload.len() as u64;
+                if self.message.as_ref().is_none_or(|&(s, _)| s != size) {
+                    self.admit(cmd, size)?;
                 }
                 // Given back when this arm ends, however it ends. A new graph replaces the
                 // stored one before it is checked (`admit` dropped it).
-                let message = self.message.take();
+                let message = self.message.take().map(|(_, r)| r);
                 let cfg = &self.server.config;
                 let msg =
                     GraphMessage::decode(payload, cfg.max_graph_nodes, cfg.max_graph_tensors)?;

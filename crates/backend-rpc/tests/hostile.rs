@@ -146,6 +146,16 @@ fn graph_messages_are_charged_to_the_caps() {
     hello(&mut d);
     assert_ne!(alloc(&mut d, 301 * 16), 0);
     d.handle(Command::GraphCompute as u8, &big).unwrap();
+    assert_eq!(server.held_bytes(), (2 << 20) + 301 * 16 + stored);
+    // A charge admitted for one size does not cover a payload of another (or another command).
+    d.admit(Command::GraphCompute as u8, GRAPH_FREE_BYTES + 1)
+        .unwrap();
+    d.handle(Command::GraphCompute as u8, &big).unwrap();
+    assert_eq!(server.held_bytes(), (2 << 20) + 301 * 16 + stored);
+    d.admit(Command::GraphCompute as u8, size).unwrap();
+    d.handle(Command::DeviceCount as u8, &[]).unwrap();
+    assert_eq!(server.held_bytes(), (2 << 20) + 301 * 16);
+    d.handle(Command::GraphCompute as u8, &big).unwrap();
     // A free drops the stored graph (ggml's rule) and its charge.
     d.handle(Command::FreeBuffer as u8, &1u64.to_le_bytes())
         .unwrap();
