@@ -460,6 +460,14 @@ fn run(
     Ok(ComputeStatus::Success)
 }
 
+/// Whether the rows of a quantized tensor are dense runs of whole blocks, which is what the
+/// block kernels read and write (`TView::row_bytes`). A permuted view can have a row length
+/// that is not a multiple of the block size; the kernels would then fill only the whole
+/// blocks and leave the rest of each row as stale scratch.
+fn block_rows(t: &graph::Tensor) -> bool {
+    t.is_contiguous_rows() && t.ne()[0] % t.ty().block_size() as i64 == 0
+}
+
 fn is_float(t: ElementType) -> bool {
     matches!(t, ElementType::F32 | ElementType::F16 | ElementType::BF16)
 }
@@ -538,7 +546,9 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
                         && t.ty() == f32_
                         && a.ne() == t.ne()
                         && pos.ty() == ElementType::I32
+                        // The kernel reads `pos[i2, 0, 0, 0]` for every `i2 < a.ne2`.
                         && pos.ne()[0] >= a.ne()[2]
+                        && pos.ne()[1..].iter().all(|&n| n > 0)
                         && (mode == graph::rope_mode::NORMAL || mode == graph::rope_mode::NEOX)
                         && n_dims > 0
                         && n_dims % 2 == 0
@@ -551,7 +561,7 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
             (Some(a), Some(r)) => {
                 let ok_src = match a.ty() {
                     ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
-                        a.is_contiguous_rows() && t.ty() == f32_
+                        block_rows(a) && t.ty() == f32_
                     }
                     ElementType::I32 => t.ty() == ElementType::I32,
                     ty => is_float(ty) && t.ty() == f32_,
@@ -568,9 +578,7 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
         Op::MulMat => match (src(0), src(1)) {
             (Some(a), Some(b)) => {
                 let ok_a = match a.ty() {
-                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
-                        a.is_contiguous_rows()
-                    }
+                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => block_rows(a),
                     ty => is_float(ty),
                 };
                 let (an, bn) = (a.ne(), b.ne());
@@ -598,7 +606,7 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
                         ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1
                     )
                     && a.ne() == t.ne()
-                    && t.is_contiguous_rows()
+                    && block_rows(t)
             } else if from.is_quantized() {
                 false
             } else {

@@ -22,6 +22,10 @@
 //! at every level), so every instruction-set level gives the same bits, and a result depends
 //! only on its weight row and its column, never on the thread count or on how rows and
 //! columns are grouped into kernel calls.
+//!
+//! Indexing: blocks are `chunks_exact` pieces of the block size (constant offsets inside a
+//! block are in bounds), and [`dot_rows`] and [`quantize_col`] assert their slices' block
+//! counts once at entry.
 
 use half::f16;
 

@@ -166,7 +166,7 @@ impl Llama {
         let cpu_device = backend_cpu::cpu_device();
         let cpu = cpu_device.init_backend(&format!("n_threads={threads}"))?;
         let first = n_layer - offload;
-        let offloaded = weights.layer_tensors(first..n_layer);
+        let offloaded = weights.layer_tensors(first..n_layer)?;
         let file_buffer = LlamaWeights::file_buffer(file, &cpu_device)?;
         let mapped = weights.place_in_file_buffer(&mut ctx, file, &file_buffer, &offloaded)?;
         let mut buffers = vec![file_buffer];
@@ -185,7 +185,7 @@ impl Llama {
                     continue;
                 }
                 let layers = first + run.start..first + run.end;
-                let ids = weights.layer_tensors(layers.clone());
+                let ids = weights.layer_tensors(layers.clone())?;
                 let backend = device.init_backend("")?;
                 let buft = device.buffer_type();
                 let buf = weights.place_copied(&mut ctx, file, &buft, &ids)?;

@@ -685,6 +685,7 @@ impl GraphFile {
             names.insert(t.name.clone(), id);
         }
         for t in &self.tensors {
+            // every tensor of the file was named by one of the two loops above
             let id = names[&t.name];
             for f in &t.flags {
                 match f.as_str() {

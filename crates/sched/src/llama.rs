@@ -33,7 +33,8 @@ pub struct LlamaConfig {
     pub wtype: String,
     /// Buffer of the token embeddings.
     pub embd_buffer: String,
-    /// Buffer of each layer's weights and cache.
+    /// Buffer of each layer's weights and cache (layers past the end of the list: the
+    /// embeddings' buffer).
     pub layer_buffers: Vec<String>,
     /// Buffer of the output norm and projection.
     pub output_buffer: String,
@@ -103,9 +104,13 @@ impl LlamaConfig {
         if !self.backends.iter().any(|b| b.name == gpu) {
             self.backends.insert(0, BackendSpec::gpu(gpu));
         }
+        if self.layer_buffers.len() < self.n_layer {
+            self.layer_buffers
+                .resize(self.n_layer, self.embd_buffer.clone());
+        }
         let first = self.n_layer.saturating_sub(n_gpu);
-        for il in first..self.n_layer {
-            self.layer_buffers[il] = gpu.into();
+        for b in &mut self.layer_buffers[first..self.n_layer] {
+            *b = gpu.into();
         }
         if n_gpu > self.n_layer {
             self.output_buffer = gpu.into();
@@ -113,18 +118,24 @@ impl LlamaConfig {
         self
     }
 
-    /// The graph file.
+    /// Buffer of layer `il`'s weights (see [`LlamaConfig::layer_buffers`]).
+    fn layer_buffer(&self, il: usize) -> &String {
+        self.layer_buffers.get(il).unwrap_or(&self.embd_buffer)
+    }
+
+    /// The graph file. Shapes are not checked here: building the file checks them (a head
+    /// count of 0 gives heads of width 0).
     pub fn graph_file(&self, name: &str) -> GraphFile {
         let mut t: Vec<TensorSpec> = Vec::new();
         let w = self.wtype.as_str();
         let (e, h, ff) = (self.n_embd, self.n_head, self.n_ff);
-        let hd = e / h;
+        let hd = e.checked_div(h).unwrap_or(0);
         let es: usize = 2; // f16 cache
         let cache_bytes = (self.n_ctx * e) as usize * es;
 
         t.push(TensorSpec::leaf("tok_embd", w, &[e, self.n_vocab]).in_buffer(&self.embd_buffer));
         for il in 0..self.n_layer {
-            let b = &self.layer_buffers[il];
+            let b = self.layer_buffer(il);
             let l = |n: &str| format!("{n}.{il}");
             t.push(TensorSpec::leaf(&l("attn_norm"), "f32", &[e]).in_buffer(b));
             for n in ["wq", "wk", "wv", "wo"] {
@@ -142,7 +153,7 @@ impl LlamaConfig {
                 .cache_buffers
                 .as_ref()
                 .and_then(|c| c.get(il))
-                .unwrap_or(&self.layer_buffers[il]);
+                .unwrap_or(self.layer_buffer(il));
             t.push(
                 TensorSpec::leaf(&format!("cache_k.{il}"), "f16", &[self.n_ctx * e]).in_buffer(b),
             );

@@ -49,6 +49,22 @@ fn generator_reproduces_the_shared_llama_graphs() {
     same_graph(&c.graph_file("x"), &shared("llama-2gpu-L4"));
 }
 
+/// The generator's fields are public: a layer list shorter than `n_layer` (the missing layers
+/// take the embeddings' buffer) and a head count of 0 give a graph file, not a panic; building
+/// the one with no heads is a typed error.
+#[test]
+fn generator_takes_any_field_values() {
+    let mut c = LlamaConfig::tiny(3);
+    c.layer_buffers.truncate(1);
+    let full = LlamaConfig::tiny(3).graph_file("x");
+    same_graph(&c.graph_file("x"), &full);
+    let c = c.offload("GPU0", 1);
+    assert_eq!(c.layer_buffers, ["CPU", "CPU", "GPU0"]);
+    let mut c = LlamaConfig::tiny(1);
+    c.n_head = 0;
+    assert!(c.graph_file("x").build().is_err());
+}
+
 fn srcs_of(ctx: &Context, g: &Graph) -> Vec<[Option<TensorId>; 10]> {
     g.nodes().iter().map(|&n| *ctx[n].srcs()).collect()
 }
