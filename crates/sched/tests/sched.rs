@@ -63,6 +63,15 @@ fn generator_takes_any_field_values() {
     let mut c = LlamaConfig::tiny(1);
     c.n_head = 0;
     assert!(c.graph_file("x").build().is_err());
+    // Shapes whose products leave the integer range are refused when built, not wrapped.
+    for (n_embd, n_ctx, kv_head) in [(i64::MAX, 16, 8), (64, i64::MAX / 2, 8), (64, 16, -1)] {
+        let mut c = LlamaConfig::tiny(1);
+        (c.n_embd, c.n_ctx, c.kv_head) = (n_embd, n_ctx, kv_head);
+        assert!(
+            c.graph_file("x").build().is_err(),
+            "n_embd {n_embd}, n_ctx {n_ctx}, kv_head {kv_head}"
+        );
+    }
 }
 
 fn srcs_of(ctx: &Context, g: &Graph) -> Vec<[Option<TensorId>; 10]> {
