@@ -151,6 +151,8 @@ mod math;
 mod mem;
 mod pool;
 mod qdot;
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod qmv512;
 mod quant;
 
 #[doc(hidden)]
