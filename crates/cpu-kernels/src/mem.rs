@@ -63,6 +63,49 @@ unsafe fn f16_to_f32_f16c(bits: &[u16], out: &mut [f32]) {
     }
 }
 
+/// `bits[i] = f16(data[i])`, rounded to nearest even: eight at a time with F16C where the
+/// CPU has it, the rest one by one (a decode step stores its V-cache column one element per
+/// row, where `half`'s slice conversion paid for a chunked copy each time).
+fn f32_to_f16(data: &[f32], bits: &mut [u16]) {
+    let n = bits.len().min(data.len());
+    let (data, bits) = (&data[..n], &mut bits[..n]);
+    let mut done = 0;
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if n >= 8
+        && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("avx")
+    {
+        // SAFETY: the CPU has F16C and AVX (checked just above).
+        done = unsafe { f32_to_f16_f16c(data, bits) };
+    }
+    for (b, &v) in bits[done..].iter_mut().zip(&data[done..]) {
+        *b = f16::from_f32(v).to_bits();
+    }
+}
+
+/// [`f32_to_f16`] with F16C for the leading multiple of eight; returns how many it did.
+///
+/// # Safety
+/// The CPU must have F16C and AVX.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f32_to_f16_f16c(data: &[f32], bits: &mut [u16]) -> usize {
+    use std::arch::x86_64::{
+        _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps,
+    };
+    let mut done = 0;
+    for (b, d) in bits.chunks_exact_mut(8).zip(data.chunks_exact(8)) {
+        // SAFETY: `d` holds eight f32 (32 bytes) and `b` eight u16 (16 bytes); both
+        // accesses are unaligned ones.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(d.as_ptr()));
+            _mm_storeu_si128(b.as_mut_ptr().cast(), h);
+        }
+        done += 8;
+    }
+    done
+}
+
 /// A resolved tensor: base pointer, span, type, extents and byte strides.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct TView {
@@ -309,9 +352,7 @@ impl TView {
                     let m = chunk.len();
                     let base = c * CHUNK;
                     if self.ty == ElementType::F16 {
-                        let h: &mut [f16] =
-                            half::slice::HalfBitsSliceExt::reinterpret_cast_mut(&mut bits[..m]);
-                        h.convert_from_f32_slice(chunk);
+                        f32_to_f16(chunk, &mut bits[..m]);
                     } else {
                         let h: &mut [bf16] =
                             half::slice::HalfBitsSliceExt::reinterpret_cast_mut(&mut bits[..m]);
@@ -600,5 +641,51 @@ pub(crate) fn gemm_f32(
             false,
             gemm::Parallelism::None,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slice conversions give `half`'s scalar conversions' bits for every length (the
+    /// F16C part and the element-by-element rest), ties, subnormals, infinities and NaN.
+    #[test]
+    fn half_slice_conversions_match_scalar_ones() {
+        let mut vals: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            65504.0,
+            65520.0,
+            1e-8,
+            -6e-8,
+            3e-5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(0x3f80_1000), // a tie at f16 precision
+            f32::from_bits(0x3f80_3000),
+            f32::MAX,
+        ];
+        vals.extend((0..40).map(|i| (i as f32 - 17.3) * 0.731));
+        for n in 0..vals.len() {
+            let mut bits = vec![0u16; n];
+            f32_to_f16(&vals[..n], &mut bits);
+            for (b, &v) in bits.iter().zip(&vals) {
+                assert_eq!(*b, f16::from_f32(v).to_bits(), "{v}");
+            }
+            let mut back = vec![0.0f32; n];
+            f16_to_f32(&bits, &mut back);
+            for (x, &b) in back.iter().zip(&bits) {
+                assert_eq!(x.to_bits(), f16::from_bits(b).to_f32().to_bits());
+            }
+        }
+        let mut nan = [0u16; 9];
+        f32_to_f16(&[f32::NAN; 9], &mut nan);
+        assert!(nan.iter().all(|&b| f16::from_bits(b).is_nan()));
+        let mut back = [0.0f32; 9];
+        f16_to_f32(&nan, &mut back);
+        assert!(back.iter().all(|x| x.is_nan()));
     }
 }
