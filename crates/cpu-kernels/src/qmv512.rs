@@ -26,8 +26,14 @@ use crate::qdot::{Q4_1_BYTES, Q8_0_BYTES, QK};
 /// Rows per call.
 pub(crate) const ROWS: usize = 8;
 
-/// Whether the CPU has what these kernels use.
+/// Whether the CPU has what these kernels use (asked once: `qdot::dot_rows` checks it on
+/// every call, one call per eight rows).
 pub(crate) fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(detect)
+}
+
+fn detect() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
