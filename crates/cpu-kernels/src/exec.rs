@@ -767,6 +767,7 @@ impl Exec<'_> {
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
         let mblocks = m.div_ceil(MM_ROWS);
+        let row_len = a.ty.row_size(k);
         let isa = quant::Isa::best();
         let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
         let half_order = hdot::Order::for_shape(k, m, n);
@@ -807,6 +808,17 @@ impl Exec<'_> {
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
                         _ => F32_ROWS,
                     };
+                    // The unit's quantized rows, bounds-checked once (row `rows.start + i`
+                    // is `row_len` bytes at `i · nb[1]`).
+                    let span = if group == ROWS {
+                        a.rows_bytes(rows.start, nr, a2, a3)
+                    } else {
+                        &[]
+                    };
+                    let qrow = |i: usize| {
+                        let o = (i - rows.start) * a.nb[1];
+                        &span[o..o + row_len]
+                    };
                     for g0 in (0..nr).step_by(group) {
                         let g = (nr - g0).min(group);
                         let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
@@ -814,8 +826,7 @@ impl Exec<'_> {
                             out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                         };
                         if let Some(kind) = ggml_order {
-                            let rws: [&[u8]; ROWS] =
-                                std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                            let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
                             let col = |j: usize| {
                                 let c = batch0 * n + j;
                                 &packed_q[c * col_bytes..(c + 1) * col_bytes]
@@ -825,8 +836,7 @@ impl Exec<'_> {
                         }
                         match a.ty {
                             ElementType::Q4_0 => {
-                                let rws: [&[u8]; ROWS] =
-                                    std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                                let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
                                 let col = |j: usize| {
                                     let c = batch0 * n + j;
                                     &packed_q[c * col_bytes..(c + 1) * col_bytes]

@@ -95,9 +95,19 @@
 //!   the ceiling in the same run (`mul_mat/read_64MiB_baseline`, eight streams per thread).
 //!   Each row's dot product is a function of that row and the column only, so results do
 //!   not depend on the thread count or on how rows fall into groups.
+//! * **The decode step's q4_1 / q8_0 mat-vec** (eight weight rows against one column, the
+//!   SmolLM2 decode path) has an AVX-512 + VNNI kernel of its own (`qmv512`): two rows per
+//!   512-bit register, `dpbusd` for the exact four-byte lane sums, the eight rows' block
+//!   scales converted and multiplied in one vector. The AVX2 kernel spilled its eight rows'
+//!   state to the stack on every block. Same operations per row in the same order, so the
+//!   same bits as the AVX2 and portable kernels (its test compares all three).
 //! * **`half`** converts f16/bf16: it is the standard crate for these types, exact in both
 //!   directions (round to nearest even), and uses the F16C instructions when the CPU has them.
-//! * **Threads**: a persistent pool (see `pool`), work split per op into row units; ops below
+//!   Slices of f16 (KV-cache rows read, the V-cache column written per decode step) go
+//!   through `mem`'s own F16C loops instead: `half`'s slice conversion makes one out-of-line
+//!   call per eight values and copies short slices through a chunk buffer.
+//! * **Threads**: a persistent pool (see `pool`: a job is handed over through atomics, with no
+//!   lock while the threads are awake), work split per op into row units; ops below
 //!   a work threshold run on the calling thread only. Units are claimed in chunks from a
 //!   shared counter, except in the thin matrix products: there each thread owns one
 //!   contiguous range of weight rows and walks it in order, stealing from the back of the
@@ -108,8 +118,9 @@
 //! * **Memory**: all raw pointer work on tensor bytes is in one module (`mem`); kernels read
 //!   rows into per-thread f32 scratch and write results back, which makes in-place ops and
 //!   arbitrary strides correct. The only other `unsafe` code: the pool's lifetime-erased job
-//!   pointer (`pool`) and the SIMD loads from block slices (`quant`). Miri runs the test suite
-//!   with small shapes (the gemm path, which needs large shapes and SIMD, is skipped there).
+//!   pointer (`pool`) and the SIMD loads from block slices (`quant`, `qdot`, `qmv512`). Miri
+//!   runs the test suite with small shapes (the gemm path, which needs large shapes and SIMD,
+//!   is skipped there).
 //! * **Bad input** (unallocated or non-host tensors, out-of-range row indices, unsupported
 //!   nodes) gives a [`BackendError`], never a panic. Writing through a buffer over read-only
 //!   host memory is the buffer's business: this crate trusts `host_ptr`.
@@ -151,6 +162,8 @@ mod math;
 mod mem;
 mod pool;
 mod qdot;
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod qmv512;
 mod quant;
 
 #[doc(hidden)]
