@@ -834,10 +834,31 @@ impl Exec<'_> {
                             ElementType::F16 => {
                                 let rws: [&[f32]; F32_ROWS] =
                                     f32_rows(a, row_of, a2, a3, &mut ts.a);
+                                let col = |j: usize| {
+                                    let c = batch0 * n + j.min(nn - 1);
+                                    &packed_f32[c * k..(c + 1) * k]
+                                };
+                                if half_order == hdot::Order::Tiny {
+                                    // Tiles of four rows and four columns (a short last
+                                    // tile repeats its last column).
+                                    for j0 in (0..nn).step_by(hdot::TILE_COLS) {
+                                        let cls = std::array::from_fn(|c| col(j0 + c));
+                                        let mut d = [[0.0f32; F32_ROWS]; hdot::TILE_COLS];
+                                        for h in (0..F32_ROWS).step_by(hdot::TILE_ROWS) {
+                                            let rs = std::array::from_fn(|r| rws[h + r]);
+                                            let t = hdot::dot_tile(isa, rs, cls);
+                                            for (dc, tc) in d.iter_mut().zip(&t) {
+                                                dc[h..h + hdot::TILE_ROWS].copy_from_slice(tc);
+                                            }
+                                        }
+                                        for (c, dc) in d.iter().enumerate().take(nn - j0) {
+                                            put(j0 + c, dc);
+                                        }
+                                    }
+                                    continue;
+                                }
                                 for j in 0..nn {
-                                    let c = batch0 * n + j;
-                                    let col = &packed_f32[c * k..(c + 1) * k];
-                                    put(j, &hdot::dot_rows(half_order, rws, col));
+                                    put(j, &hdot::dot_rows(half_order, rws, col(j)));
                                 }
                             }
                             _ => {
