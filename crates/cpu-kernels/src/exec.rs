@@ -1099,9 +1099,7 @@ fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
 /// f32, so only the summation order is left to differ from ggml.
 fn round_to_weight_type(ty: ElementType, col: &mut [f32]) {
     match ty {
-        ElementType::F16 => col
-            .iter_mut()
-            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        ElementType::F16 => hdot::round_to_f16(col),
         ElementType::BF16 => col
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
@@ -1138,6 +1136,19 @@ fn qdot_group<'c>(
     put: &mut impl FnMut(usize, &[f32]),
 ) {
     let mut j = 0;
+    // Eight rows by eight columns per call where the kernel has such tiles (`q4_1` with
+    // AVX-512 VNNI): one pass over a weight block for eight columns.
+    if ROWS == qdot::TILE && kind == qdot::WeightKind::Q4_1 && isa == quant::Isa::Avx512 {
+        while j + qdot::TILE <= n {
+            let cols: [&[u8]; qdot::TILE] = std::array::from_fn(|c| col(j + c));
+            let rows: [&[u8]; qdot::TILE] = std::array::from_fn(|r| rows[r]);
+            let d = qdot::dot_tile(isa, kind, rows, cols, prefetch);
+            for (c, dc) in d.iter().enumerate() {
+                put(j + c, dc);
+            }
+            j += qdot::TILE;
+        }
+    }
     while j + QDOT_COLS <= n {
         let cols: [&[u8]; QDOT_COLS] = std::array::from_fn(|c| col(j + c));
         let mut d = [[0.0f32; ROWS]; QDOT_COLS];

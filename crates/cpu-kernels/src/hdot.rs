@@ -151,6 +151,38 @@ fn rows_fma<const R: usize>(order: Order, rows: [&[f32]; R], col: &[f32]) -> [f3
     out
 }
 
+/// Rounds every value of `v` to f16 and back (round to nearest even), as ggml's conversion
+/// of `src1` to f16 does: with F16C eight at a time, else (and for the tail) by `half`,
+/// which rounds the same way.
+pub(crate) fn round_to_f16(v: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has AVX2 and F16C (checked just above).
+        return unsafe { round_to_f16_f16c(v) };
+    }
+    round_to_f16_portable(v);
+}
+
+fn round_to_f16_portable(v: &mut [f32]) {
+    v.iter_mut()
+        .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx2,f16c")]
+fn round_to_f16_f16c(v: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds eight floats.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(c.as_ptr()));
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    round_to_f16_portable(chunks.into_remainder());
+}
+
 /// Rows of a [`dot_tile`] call.
 pub(crate) const TILE_ROWS: usize = 4;
 /// Columns of a [`dot_tile`] call.
@@ -290,6 +322,34 @@ mod tests {
         assert_eq!(Order::for_shape(64, 256, 2), Order::Tiny);
         assert_eq!(Order::for_shape(40, 256, 2), Order::VecDot);
         assert_eq!(Order::for_shape(64, 6, 2), Order::VecDot);
+    }
+
+    #[test]
+    fn f16_rounding_matches_half() {
+        let mut v: Vec<f32> = (0..1000)
+            .map(|i| {
+                let x = (i as f32 - 500.0) * 1.000_37e-3 * 2f32.powi(i % 40 - 20);
+                if i % 97 == 0 { f32::INFINITY } else { x }
+            })
+            .collect();
+        v.extend([
+            65520.0,
+            65519.0,
+            6e-8,
+            3e-8,
+            1e-40,
+            -0.0,
+            2049.0,
+            2051.0,
+            f32::NAN,
+        ]);
+        let mut want = v.clone();
+        round_to_f16_portable(&mut want);
+        round_to_f16(&mut v);
+        assert_eq!(
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -117,14 +117,26 @@ fn cvt_i32(v: f32) -> i32 {
 /// Quantize `x` (a multiple of 32 long) by ggml's x86 rule (module docs) into the packed
 /// column layout: `nb · 32` quants, `nb` f32 scales, `nb` f32 sums.
 ///
-/// Portable code only: one column is a few hundred to a few thousand floats, quantized
-/// once per product, so this is a small serial part even of a decode step.
+/// With AVX2 the blocks are quantized eight lanes at a time (same bits): a prompt's product
+/// quantizes its 64 to 512 columns on one thread before the threads start.
 pub(crate) fn quantize_col(x: &[f32], out: &mut [u8]) {
     let nb = x.len() / QK;
     assert!(
         out.len() >= col_bytes(x.len()),
         "quantize_col: short output (a kernel bug)"
     );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if x86::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (just checked); `out` holds the packed
+        // column (asserted above).
+        return unsafe { x86::quantize_col_avx2(x, out) };
+    }
+    quantize_col_portable(x, out);
+}
+
+/// [`quantize_col`] in portable code (what the vector version reproduces).
+fn quantize_col_portable(x: &[f32], out: &mut [u8]) {
+    let nb = x.len() / QK;
     let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
     let (ds, ss) = rest.split_at_mut(nb * 4);
     for (b, (xb, q)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
@@ -267,6 +279,52 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
     }
 }
 
+/// Rows and columns of a [`dot_tile`] call.
+pub(crate) const TILE: usize = 8;
+
+/// `out[c][r]` = weight row `rows[r]` dotted with the packed column `cols[c]`, for
+/// [`TILE`] rows and [`TILE`] columns: the products of [`dot_rows`], bit for bit (each result
+/// depends only on its row and column).
+///
+/// With AVX-512 VNNI and `q4_1` weights one pass over a weight block serves eight columns:
+/// `vpdpbusd` gives the eight four-byte lane sums of two columns in one 512-bit register
+/// (the nibbles are unsigned and the quants signed, so its sums are exactly those of
+/// `maddubs` + `madd`: no pair can saturate), and the `m · s` chains of the eight columns
+/// run in the lanes of one vector. Elsewhere it is four [`dot_rows`] calls.
+pub(crate) fn dot_tile(
+    isa: crate::quant::Isa,
+    kind: WeightKind,
+    rows: [&[u8]; TILE],
+    cols: [&[u8]; TILE],
+    prefetch: usize,
+) -> [[f32; TILE]; TILE] {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if isa == crate::quant::Isa::Avx512 && kind == WeightKind::Q4_1 && x86::has_vnni() {
+        let nb = cols[0].len() / (QK + 8);
+        assert!(
+            cols.iter().all(|c| c.len() == nb * (QK + 8))
+                && rows.iter().all(|r| r.len() >= nb * Q4_1_BYTES),
+            "qdot::dot_tile: short row or column (a kernel bug)"
+        );
+        // SAFETY: the CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (checked in the
+        // guard); every row holds `nb` q4_1 blocks and every column is a packed column of
+        // `nb` blocks (asserted above).
+        return unsafe { x86::q4_1_tile_vnni(rows, cols, nb, prefetch) };
+    }
+    let mut out = [[0.0f32; TILE]; TILE];
+    for h in 0..2 {
+        let rs: [&[u8]; 4] = std::array::from_fn(|r| rows[4 * h + r]);
+        for v in 0..2 {
+            let cs: [&[u8]; 4] = std::array::from_fn(|c| cols[4 * v + c]);
+            let part = dot_rows(isa, kind, rs, cs, prefetch);
+            for (c, pc) in part.iter().enumerate() {
+                out[4 * v + c][4 * h..4 * h + 4].copy_from_slice(pc);
+            }
+        }
+    }
+    out
+}
+
 /// The AVX2 kernels (intrinsics), chosen at run time: the crate is built for baseline
 /// x86-64. They do the portable kernels' operations in the same order.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -394,6 +452,184 @@ mod x86 {
         for c in 0..NC {
             for r in 0..R {
                 out[c][r] = hsum(acc[c][r]) + summs[c][r];
+            }
+        }
+        out
+    }
+
+    /// `super::quantize_col_portable` with AVX2, bit for bit: `max |x|` ignoring NaN as
+    /// `f32::max` does (`max_ps` returns its second operand when one is NaN), the same
+    /// division and reciprocal in f32, `round_ps` to nearest even, `cvtps2dq` (NaN and
+    /// out-of-range values give `i32::MIN`, as `cvt_i32`), an i32 sum that wraps, saturating
+    /// packs (the clamp to i8) and F16C's rounding of the scale and sum (nearest even, as
+    /// `half`).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `out` holds `col_bytes(x.len())` bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_col_avx2(x: &[f32], out: &mut [u8]) {
+        let nb = x.len() / QK;
+        let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
+        let (ds, ss) = rest.split_at_mut(nb * 4);
+        let sign = _mm256_set1_ps(-0.0);
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            // SAFETY: `xb` holds 32 floats: four loads of eight.
+            let v: [__m256; 4] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) });
+            let a = v.map(|v| _mm256_andnot_ps(sign, v));
+            // Accumulator second: a NaN element is skipped.
+            let m = _mm256_max_ps(a[3], _mm256_max_ps(a[2], _mm256_max_ps(a[1], a[0])));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let q = v.map(|v| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(_mm256_mul_ps(v, idv)))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let sum = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b0100_1110>(sum));
+            let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b1011_0001>(sum)));
+            // Saturating packs interleave 128-bit lanes; the permute restores element order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: block b's 32 quant bytes are inside `qs` (nb blocks).
+            unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(QK * b).cast(), p) };
+            let h =
+                _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, d * sum as f32, 0.0, 0.0));
+            let f = _mm_cvtph_ps(h);
+            ds[4 * b..4 * b + 4].copy_from_slice(&_mm_cvtss_f32(f).to_le_bytes());
+            let sf = _mm_cvtss_f32(_mm_movehdup_ps(f));
+            ss[4 * b..4 * b + 4].copy_from_slice(&sf.to_le_bytes());
+        }
+    }
+
+    pub(super) fn has_vnni() -> bool {
+        available()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// Blocks whose column scales [`q4_1_tile_vnni`] lays out at a time.
+    const CHUNK: usize = 16;
+
+    /// [`super::dot_tile`] for `q4_1` with AVX-512 VNNI, in the order of
+    /// `super::dot_q4_1_scalar`. Accumulator `(r, p)` holds row `r` against columns `2p`
+    /// (lanes 0..8) and `2p + 1` (lanes 8..16); `summs[r]` lane `c` is row `r`'s `m · s`
+    /// chain for column `c`. Per chunk of blocks the columns' scales and sums are laid out
+    /// first (`d_a` of columns `2p, 2p + 1` spread over the two halves of a vector, the sums
+    /// of the eight columns side by side), then the rows go through it four at a time.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; every row holds `nb` `q4_1` blocks, every
+    /// column is a packed column of `nb` blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn q4_1_tile_vnni(
+        rows: [&[u8]; 8],
+        cols: [&[u8]; 8],
+        nb: usize,
+        prefetch: usize,
+    ) -> [[f32; 8]; 8] {
+        let rp = rows.map(<[u8]>::as_ptr);
+        let cp = cols.map(|c| col(c, nb));
+        let mask = _mm512_set1_epi8(0x0f);
+        let shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+        let mut acc = [[_mm512_setzero_ps(); 4]; 8];
+        let mut summs = [_mm256_setzero_ps(); 8];
+        let mut da = [[_mm512_setzero_ps(); 4]; CHUNK];
+        let mut sa = [_mm256_setzero_ps(); CHUNK];
+        for b0 in (0..nb).step_by(CHUNK) {
+            let nc = (nb - b0).min(CHUNK);
+            for i in 0..nc {
+                let b = b0 + i;
+                // SAFETY: block b of every column is inside it (caller's contract).
+                let (d, s): ([f32; 8], [f32; 8]) = unsafe {
+                    (
+                        std::array::from_fn(|c| cp[c].ds.add(b).read_unaligned()),
+                        std::array::from_fn(|c| cp[c].ss.add(b).read_unaligned()),
+                    )
+                };
+                for p in 0..4 {
+                    // (Through f64 views: AVX-512F has no 256-bit f32 insert.)
+                    da[i][p] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                        _mm512_castps_pd(_mm512_set1_ps(d[2 * p])),
+                        _mm256_castps_pd(_mm256_set1_ps(d[2 * p + 1])),
+                    ));
+                }
+                // SAFETY: `s` holds eight floats.
+                sa[i] = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+            }
+            for h in 0..2 {
+                let mut a: [[__m512; 4]; 4] = std::array::from_fn(|r| acc[4 * h + r]);
+                let mut sm: [__m256; 4] = std::array::from_fn(|r| summs[4 * h + r]);
+                for i in 0..nc {
+                    let b = b0 + i;
+                    let off = b * Q4_1_BYTES;
+                    // SAFETY: block b of every row (20 bytes at `off`) and of every column
+                    // (32 quants) is inside them (caller's contract).
+                    unsafe {
+                        let y: [__m512i; 4] = std::array::from_fn(|p| {
+                            _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(_mm256_loadu_si256(
+                                    cp[2 * p].qs.add(QK * b).cast(),
+                                )),
+                                _mm256_loadu_si256(cp[2 * p + 1].qs.add(QK * b).cast()),
+                            )
+                        });
+                        for r in 0..4 {
+                            let row = rp[4 * h + r];
+                            if prefetch != 0 {
+                                // A prefetch never faults; the address may lie past the row.
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    row.wrapping_add(off + prefetch).cast(),
+                                );
+                            }
+                            let q =
+                                _mm512_broadcast_i32x4(_mm_loadu_si128(row.add(off + 4).cast()));
+                            let x = _mm512_and_si512(_mm512_srlv_epi64(q, shift), mask);
+                            let (dw, m) = two_halves(row.add(off));
+                            sm[r] = _mm256_fmadd_ps(_mm256_set1_ps(m), sa[i], sm[r]);
+                            let dw = _mm512_set1_ps(dw);
+                            for p in 0..4 {
+                                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(
+                                    _mm512_setzero_si512(),
+                                    x,
+                                    y[p],
+                                ));
+                                let d = _mm512_mul_ps(dw, da[i][p]);
+                                a[r][p] = _mm512_fmadd_ps(d, lanes, a[r][p]);
+                            }
+                        }
+                    }
+                }
+                for r in 0..4 {
+                    acc[4 * h + r] = a[r];
+                    summs[4 * h + r] = sm[r];
+                }
+            }
+        }
+        let mut out = [[0.0f32; 8]; 8];
+        for r in 0..8 {
+            let mut s = [0.0f32; 8];
+            // SAFETY: `s` holds eight floats.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), summs[r]) };
+            for p in 0..4 {
+                let v = acc[r][p];
+                out[2 * p][r] = hsum(_mm512_castps512_ps256(v)) + s[2 * p];
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+                out[2 * p + 1][r] = hsum(hi) + s[2 * p + 1];
             }
         }
         out
@@ -587,6 +823,79 @@ mod tests {
                         for r in 0..4 {
                             let [[one]] = dot_rows(isa, kind, [rr[r]], [cc[c]], 0);
                             assert_eq!(one.to_bits(), base[c][r].to_bits());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_quantizer_matches_the_portable_one() {
+        let mut x = values(5, 8 * QK);
+        // Exact ties at amax 127, a zero block, NaN and infinity, huge values.
+        for (i, v) in [127.0, 0.5, 1.5, -2.5, -127.0, 3.5].iter().enumerate() {
+            x[i] = *v;
+        }
+        x[QK..2 * QK].fill(0.0);
+        x[2 * QK + 3] = f32::NAN;
+        x[3 * QK + 7] = f32::INFINITY;
+        x[4 * QK + 1] = -3e38;
+        x[5 * QK] = -0.0;
+        let mut want = vec![0u8; col_bytes(x.len())];
+        quantize_col_portable(&x, &mut want);
+        let mut got = vec![1u8; col_bytes(x.len())];
+        quantize_col(&x, &mut got);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn tiles_match_one_row_and_column_at_a_time() {
+        let nbs: &[usize] = if cfg!(miri) {
+            &[1]
+        } else {
+            &[1, 17, 18, 33, 48]
+        };
+        for kind in [WeightKind::Q4_1, WeightKind::Q8_0] {
+            for &nb in nbs {
+                let k = nb * QK;
+                let rows: Vec<Vec<u8>> = (0..TILE as u64)
+                    .map(|r| {
+                        let mut v = vec![0u8; nb * kind.block_bytes()];
+                        let x = values(r + 11, k);
+                        match kind {
+                            WeightKind::Q4_1 => quantize_q4_1(&x, &mut v),
+                            WeightKind::Q8_0 => {
+                                crate::quant::quantize_q8_0(&x, &mut v);
+                            }
+                        }
+                        v
+                    })
+                    .collect();
+                let cols: Vec<Vec<u8>> = (0..TILE as u64)
+                    .map(|c| {
+                        let mut v = vec![0u8; col_bytes(k)];
+                        // Columns of different magnitudes, so scales and sums differ.
+                        let x: Vec<f32> = values(c + 70, k)
+                            .iter()
+                            .map(|v| v * (c + 1) as f32)
+                            .collect();
+                        quantize_col(&x, &mut v);
+                        v
+                    })
+                    .collect();
+                let rr: [&[u8]; TILE] = std::array::from_fn(|j| &rows[j][..]);
+                let cc: [&[u8]; TILE] = std::array::from_fn(|j| &cols[j][..]);
+                for isa in Isa::available() {
+                    let got = dot_tile(isa, kind, rr, cc, 64);
+                    for c in 0..TILE {
+                        for r in 0..TILE {
+                            let [[want]] = dot_rows(Isa::Scalar, kind, [rr[r]], [cc[c]], 0);
+                            assert_eq!(
+                                got[c][r].to_bits(),
+                                want.to_bits(),
+                                "{isa:?} {kind:?} nb={nb} c={c} r={r}"
+                            );
                         }
                     }
                 }
