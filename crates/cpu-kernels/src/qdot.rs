@@ -120,7 +120,6 @@ fn cvt_i32(v: f32) -> i32 {
 /// With AVX2 the blocks are quantized eight lanes at a time (same bits): a prompt's product
 /// quantizes its 64 to 512 columns on one thread before the threads start.
 pub(crate) fn quantize_col(x: &[f32], out: &mut [u8]) {
-    let nb = x.len() / QK;
     assert!(
         out.len() >= col_bytes(x.len()),
         "quantize_col: short output (a kernel bug)"
