@@ -619,16 +619,47 @@ mod x86 {
                 }
             }
         }
+        // `hsum` of all 64 accumulators, two rows at a time (16 in four registers).
         let mut out = [[0.0f32; 8]; 8];
-        for r in 0..8 {
-            let mut s = [0.0f32; 8];
-            // SAFETY: `s` holds eight floats.
-            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), summs[r]) };
-            for p in 0..4 {
-                let v = acc[r][p];
-                out[2 * p][r] = hsum(_mm512_castps512_ps256(v)) + s[2 * p];
-                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-                out[2 * p + 1][r] = hsum(hi) + s[2 * p + 1];
+        let mut s = [[0.0f32; 8]; 8];
+        for (sr, v) in s.iter_mut().zip(&summs) {
+            // SAFETY: `sr` holds eight floats.
+            unsafe { _mm256_storeu_ps(sr.as_mut_ptr(), *v) };
+        }
+        for r in (0..8).step_by(2) {
+            // 1: the two 128-bit halves of each accumulator added (`a[i] + a[4 + i]`):
+            // t[q] holds columns 4(q % 2) .. 4(q % 2) + 4 of row r + q / 2 in its four
+            // 128-bit lanes.
+            let halves = |a: __m512, b: __m512| {
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x88>(a, b),
+                    _mm512_shuffle_f32x4::<0xDD>(a, b),
+                )
+            };
+            let t = [
+                halves(acc[r][0], acc[r][1]),
+                halves(acc[r][2], acc[r][3]),
+                halves(acc[r + 1][0], acc[r + 1][1]),
+                halves(acc[r + 1][2], acc[r + 1][3]),
+            ];
+            // 2: `(t0 + t2) + (t1 + t3)` in each lane: element 4j + q is register q's lane j.
+            let pair = |p: __m512, q: __m512| {
+                _mm512_add_ps(_mm512_unpacklo_ps(p, q), _mm512_unpackhi_ps(p, q))
+            };
+            let (v, w) = (pair(t[0], t[1]), pair(t[2], t[3]));
+            let (vd, wd) = (_mm512_castps_pd(v), _mm512_castps_pd(w));
+            let sum = _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(vd, wd)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(vd, wd)),
+            );
+            let mut e = [0.0f32; 16];
+            // SAFETY: `e` holds sixteen floats.
+            unsafe { _mm512_storeu_ps(e.as_mut_ptr(), sum) };
+            for j in 0..4 {
+                for q in 0..4 {
+                    let (rr, c) = (r + q / 2, 4 * (q % 2) + j);
+                    out[c][rr] = e[4 * j + q] + s[rr][c];
+                }
             }
         }
         out
