@@ -521,8 +521,10 @@ mod x86 {
             && std::arch::is_x86_feature_detected!("avx512vnni")
     }
 
-    /// Blocks whose column scales [`q4_1_tile_vnni`] lays out at a time.
+    /// Blocks whose column scales [`q4_1_tile_vnni`] lays out at a time: one 512-bit
+    /// register of each column's scales (the layout code is written for sixteen).
     const CHUNK: usize = 16;
+    const _: () = assert!(CHUNK == 16);
 
     /// [`super::dot_tile`] for `q4_1` with AVX-512 VNNI, in the order of
     /// `super::dot_q4_1_scalar`. Accumulator `(r, p)` holds row `r` against columns `2p`
@@ -549,26 +551,63 @@ mod x86 {
         let mut summs = [_mm256_setzero_ps(); 8];
         let mut da = [[_mm512_setzero_ps(); 4]; CHUNK];
         let mut sa = [_mm256_setzero_ps(); CHUNK];
+        // Element i of column 2p (lanes 0..8) and of column 2p + 1 (lanes 8..16).
+        let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+        // 128-bit lanes 0, 1 of two registers interleaved (and lanes 2, 3).
+        let lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        let hi_idx =
+            _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
         for b0 in (0..nb).step_by(CHUNK) {
             let nc = (nb - b0).min(CHUNK);
-            for i in 0..nc {
-                let b = b0 + i;
-                // SAFETY: block b of every column is inside it (caller's contract).
-                let (d, s): ([f32; 8], [f32; 8]) = unsafe {
-                    (
-                        std::array::from_fn(|c| cp[c].ds.add(b).read_unaligned()),
-                        std::array::from_fn(|c| cp[c].ss.add(b).read_unaligned()),
-                    )
-                };
-                for p in 0..4 {
-                    // (Through f64 views: AVX-512F has no 256-bit f32 insert.)
-                    da[i][p] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                        _mm512_castps_pd(_mm512_set1_ps(d[2 * p])),
-                        _mm256_castps_pd(_mm256_set1_ps(d[2 * p + 1])),
-                    ));
+            let m: __mmask16 = if nc == CHUNK { !0 } else { (1 << nc) - 1 };
+            // SAFETY: blocks b0 .. b0 + nc of every column are inside it (caller's
+            // contract); the masked-off elements are not read.
+            let (dc, sc): ([__m512; 8], [__m512; 8]) = unsafe {
+                (
+                    std::array::from_fn(|c| _mm512_maskz_loadu_ps(m, cp[c].ds.add(b0))),
+                    std::array::from_fn(|c| _mm512_maskz_loadu_ps(m, cp[c].ss.add(b0))),
+                )
+            };
+            for (i, dai) in da.iter_mut().enumerate().take(nc) {
+                let idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(i as i32));
+                for (p, d) in dai.iter_mut().enumerate() {
+                    *d = _mm512_permutex2var_ps(dc[2 * p], idx, dc[2 * p + 1]);
                 }
-                // SAFETY: `s` holds eight floats.
-                sa[i] = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+            }
+            // The sums transposed (eight columns by sixteen blocks): per 128-bit lane L,
+            // u[j] holds columns 0..4 and u[4 + j] columns 4..8 of block 4L + j.
+            let t: [__m512; 8] = std::array::from_fn(|q| {
+                let (a, b) = (sc[2 * (q / 2)], sc[2 * (q / 2) + 1]);
+                if q % 2 == 0 {
+                    _mm512_unpacklo_ps(a, b)
+                } else {
+                    _mm512_unpackhi_ps(a, b)
+                }
+            });
+            let u: [__m512; 8] = std::array::from_fn(|v| {
+                let (g, j) = (v / 4, v % 4);
+                let (a, b) = (t[4 * g + j / 2], t[4 * g + 2 + j / 2]);
+                if j % 2 == 0 {
+                    _mm512_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm512_shuffle_ps::<0xEE>(a, b)
+                }
+            });
+            for j in 0..4 {
+                let half = |v: __m512, k: usize| {
+                    let v = _mm512_castps_pd(v);
+                    _mm256_castpd_ps(if k == 0 {
+                        _mm512_castpd512_pd256(v)
+                    } else {
+                        _mm512_extractf64x4_pd::<1>(v)
+                    })
+                };
+                let lo = _mm512_permutex2var_ps(u[j], lo_idx, u[4 + j]);
+                let hi = _mm512_permutex2var_ps(u[j], hi_idx, u[4 + j]);
+                sa[j] = half(lo, 0);
+                sa[4 + j] = half(lo, 1);
+                sa[8 + j] = half(hi, 0);
+                sa[12 + j] = half(hi, 1);
             }
             for h in 0..2 {
                 let mut a: [[__m512; 4]; 4] = std::array::from_fn(|r| acc[4 * h + r]);
