@@ -166,6 +166,23 @@ fn quantize_col_body(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// [`quantize_col`] for the columns of a batch (a prompt's products quantize 64 to 512 of
+/// them on one thread before the threads start): the same bytes, written with AVX2
+/// intrinsics where the CPU has them, several times faster than the compiled portable code.
+pub(crate) fn quantize_col_wide(x: &[f32], out: &mut [u8]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if x86::available() {
+        assert!(
+            out.len() >= col_bytes(x.len()),
+            "quantize_col_wide: short output (a kernel bug)"
+        );
+        // SAFETY: the CPU has AVX2, FMA and F16C (just checked); `out` holds the packed
+        // column (asserted above).
+        return unsafe { x86::quantize_col_simd(x, out) };
+    }
+    quantize_col(x, out);
+}
+
 /// ggml's `hsum_float_8` order.
 #[inline]
 fn hsum8(a: [f32; 8]) -> f32 {
@@ -465,6 +482,63 @@ mod x86 {
             }
         }
         out
+    }
+
+    /// `super::quantize_col_body` in AVX2 intrinsics, bit for bit: `max |x|` ignoring NaN as
+    /// `f32::max` does (`max_ps` returns its second operand when one is NaN), the same
+    /// division and reciprocal in f32, `round_ps` to nearest even, `cvtps2dq` (NaN and
+    /// out-of-range values give `i32::MIN`, as `cvt_i32`), an i32 sum that wraps, saturating
+    /// packs (the clamp to i8) and F16C's rounding of the scale and sum (nearest even, as
+    /// `half`).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `out` holds `col_bytes(x.len())` bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_col_simd(x: &[f32], out: &mut [u8]) {
+        let nb = x.len() / QK;
+        let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
+        let (ds, ss) = rest.split_at_mut(nb * 4);
+        let sign = _mm256_set1_ps(-0.0);
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            // SAFETY: `xb` holds 32 floats: four loads of eight.
+            let v: [__m256; 4] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) });
+            let a = v.map(|v| _mm256_andnot_ps(sign, v));
+            // Accumulator second: a NaN element is skipped.
+            let m = _mm256_max_ps(a[3], _mm256_max_ps(a[2], _mm256_max_ps(a[1], a[0])));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let q = v.map(|v| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(_mm256_mul_ps(v, idv)))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let sum = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b0100_1110>(sum));
+            let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b1011_0001>(sum)));
+            // Saturating packs interleave 128-bit lanes; the permute restores element order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: block b's 32 quant bytes are inside `qs` (nb blocks).
+            unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(QK * b).cast(), p) };
+            let h =
+                _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, d * sum as f32, 0.0, 0.0));
+            let f = _mm_cvtph_ps(h);
+            ds[4 * b..4 * b + 4].copy_from_slice(&_mm_cvtss_f32(f).to_le_bytes());
+            let sf = _mm_cvtss_f32(_mm_movehdup_ps(f));
+            ss[4 * b..4 * b + 4].copy_from_slice(&sf.to_le_bytes());
+        }
     }
 
     pub(super) fn has_vnni() -> bool {
@@ -870,6 +944,9 @@ mod tests {
         let mut got = vec![1u8; col_bytes(x.len())];
         quantize_col(&x, &mut got);
         assert_eq!(got, want);
+        let mut wide = vec![2u8; col_bytes(x.len())];
+        quantize_col_wide(&x, &mut wide);
+        assert_eq!(wide, want);
     }
 
     #[test]
