@@ -207,7 +207,13 @@ mod tests {
             x += step;
         }
         for x in xs {
-            assert_eq!(ggml_expf(x).to_bits(), by_cast(x).to_bits(), "{x}");
+            let (got, want) = (ggml_expf(x), by_cast(x));
+            // NaN results: Rust leaves their sign and payload open (Miri varies them).
+            if want.is_nan() {
+                assert!(got.is_nan(), "{x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{x}");
+            }
         }
     }
 
