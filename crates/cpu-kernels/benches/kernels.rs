@@ -124,8 +124,9 @@ fn bench_mul_mat(c: &mut Criterion) {
 /// is the thirty blocks' seven q4_1 products of one decode step (576 → 576, 192, 192, 576,
 /// 1536, 1536; 1536 → 576) on distinct weights, 66 MB streamed per call as in a real step;
 /// `q8_0_576x49152_x1` the tied output head (28 MB); then one block's largest product with
-/// a 64- and a 512-token prompt; `f16_attention_30_layers_kv512_x1` is the step's attention
-/// products over 512 cells ([`f16_attention`]). Throughput: bytes of weights (GB/s) for the decode shapes,
+/// a 512-token prompt and every q4_1 shape (and the head's, as q4_1) with a 64-token prompt;
+/// `f16_attention_30_layers_kv512_x1` is the step's attention products over 512 cells
+/// ([`f16_attention`]), `f16_attention_pp64_kv256` one block's for a 64-token prompt. Throughput: bytes of weights (GB/s) for the decode shapes,
 /// FLOP/s for the prompts.
 fn bench_llama(
     cpu: &CpuCompute,
@@ -187,15 +188,47 @@ fn bench_llama(
         })
     });
     drop(attn);
-    for n in [64, 512] {
-        let s = mul_mat(ElementType::Q4_1, 576, 1536, n);
-        group.throughput(Throughput::Elements((2 * 576 * 1536 * n) as u64));
-        group.bench_function(format!("q4_1_576x1536_x{n}"), |b| {
+    let prompts = [
+        (576, 576, 64),
+        (576, 192, 64),
+        (576, 1536, 64),
+        (1536, 576, 64),
+        (576, 49152, 64),
+        (576, 1536, 512),
+    ];
+    for (k, m, n) in prompts {
+        let s = mul_mat(ElementType::Q4_1, k, m, n);
+        group.throughput(Throughput::Elements((2 * k * m * n) as u64));
+        group.bench_function(format!("q4_1_{k}x{m}_x{n}"), |b| {
             timed(b, || {
                 black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap())
             })
         });
     }
+    let attn = f16_attention_prompt(64, 256);
+    group.throughput(Throughput::Elements((2 * 2 * 9 * 64 * 64 * 256) as u64));
+    group.bench_function("f16_attention_pp64_kv256", |b| {
+        timed(b, || {
+            black_box(cpu.compute(&attn.ctx, attn.g.as_view(), None).unwrap())
+        })
+    });
+}
+
+/// One block's attention products for a prompt of `n` tokens over `n_kv` cells: `K·Q` (f16
+/// `[64, n_kv, 3]` × f32 `[64, n, 9]`) and `V·P` (f16 `[n_kv, 64, 3]` × f32 `[n_kv, n, 9]`).
+fn f16_attention_prompt(n: i64, n_kv: i64) -> Setup {
+    let mut ctx = Context::new();
+    let k = ctx.new_tensor_3d(ElementType::F16, 64, n_kv, 3).unwrap();
+    let q = ctx.new_tensor_3d(ElementType::F32, 64, n, 9).unwrap();
+    let kq = ctx.mul_mat(k, q).unwrap();
+    let v = ctx.new_tensor_3d(ElementType::F16, n_kv, 64, 3).unwrap();
+    let p = ctx.new_tensor_3d(ElementType::F32, n_kv, n, 9).unwrap();
+    let kqv = ctx.mul_mat(v, p).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, kq).unwrap();
+    g.build_forward_expand(&mut ctx, kqv).unwrap();
+    let buf = alloc(&mut ctx, &[k, q, kq, v, p, kqv]);
+    Setup { ctx, g, _buf: buf }
 }
 
 /// The attention products of a SmolLM2-135M decode step over `n_kv` cached cells, thirty

@@ -751,6 +751,8 @@ impl Exec<'_> {
                 let out = &mut packed[c * col_bytes..(c + 1) * col_bytes];
                 if q4 {
                     quant::quantize_q8_col(tmp, out);
+                } else if ncols > 1 {
+                    qdot::quantize_col_wide(tmp, out);
                 } else {
                     qdot::quantize_col(tmp, out);
                 }
@@ -863,10 +865,31 @@ impl Exec<'_> {
                             ElementType::F16 => {
                                 let rws: [&[f32]; F32_ROWS] =
                                     f32_rows(a, row_of, a2, a3, &mut ts.a);
+                                let col = |j: usize| {
+                                    let c = batch0 * n + j.min(nn - 1);
+                                    &packed_f32[c * k..(c + 1) * k]
+                                };
+                                if half_order == hdot::Order::Tiny {
+                                    // Tiles of four rows and four columns (a short last
+                                    // tile repeats its last column).
+                                    for j0 in (0..nn).step_by(hdot::TILE_COLS) {
+                                        let cls = std::array::from_fn(|c| col(j0 + c));
+                                        let mut d = [[0.0f32; F32_ROWS]; hdot::TILE_COLS];
+                                        for h in (0..F32_ROWS).step_by(hdot::TILE_ROWS) {
+                                            let rs = std::array::from_fn(|r| rws[h + r]);
+                                            let t = hdot::dot_tile(isa, rs, cls);
+                                            for (dc, tc) in d.iter_mut().zip(&t) {
+                                                dc[h..h + hdot::TILE_ROWS].copy_from_slice(tc);
+                                            }
+                                        }
+                                        for (c, dc) in d.iter().enumerate().take(nn - j0) {
+                                            put(j0 + c, dc);
+                                        }
+                                    }
+                                    continue;
+                                }
                                 for j in 0..nn {
-                                    let c = batch0 * n + j;
-                                    let col = &packed_f32[c * k..(c + 1) * k];
-                                    put(j, &hdot::dot_rows(half_order, rws, col));
+                                    put(j, &hdot::dot_rows(half_order, rws, col(j)));
                                 }
                             }
                             _ => {
@@ -1109,9 +1132,7 @@ fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
 /// f32, so only the summation order is left to differ from ggml.
 fn round_to_weight_type(ty: ElementType, col: &mut [f32]) {
     match ty {
-        ElementType::F16 => col
-            .iter_mut()
-            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        ElementType::F16 => hdot::round_to_f16(col),
         ElementType::BF16 => col
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
@@ -1148,6 +1169,19 @@ fn qdot_group<'c>(
     put: &mut impl FnMut(usize, &[f32]),
 ) {
     let mut j = 0;
+    // Eight rows by eight columns per call where the kernel has such tiles (`q4_1` with
+    // AVX-512 VNNI): one pass over a weight block for eight columns.
+    if ROWS == qdot::TILE && kind == qdot::WeightKind::Q4_1 && isa == quant::Isa::Avx512 {
+        while j + qdot::TILE <= n {
+            let cols: [&[u8]; qdot::TILE] = std::array::from_fn(|c| col(j + c));
+            let rows: [&[u8]; qdot::TILE] = std::array::from_fn(|r| rows[r]);
+            let d = qdot::dot_tile(isa, kind, rows, cols, prefetch);
+            for (c, dc) in d.iter().enumerate() {
+                put(j + c, dc);
+            }
+            j += qdot::TILE;
+        }
+    }
     while j + QDOT_COLS <= n {
         let cols: [&[u8]; QDOT_COLS] = std::array::from_fn(|c| col(j + c));
         let mut d = [[0.0f32; ROWS]; QDOT_COLS];

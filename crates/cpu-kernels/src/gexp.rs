@@ -35,7 +35,7 @@ const P1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
 /// `2^e` for `e` in −126..=127.
 #[inline(always)]
 fn pow2(e: i32) -> f32 {
-    f32::from_bits(((e + 127) as u32) << 23)
+    f32::from_bits((e.wrapping_add(127) as u32) << 23)
 }
 
 /// One lane of ggml's AVX-512 `ggml_v_expf`.
@@ -51,7 +51,11 @@ pub(crate) fn ggml_expf(x: f32) -> f32 {
         .mul_add(u, P1.mul_add(b, 1.0));
     // scalef(j, n) for |n| <= 192: two power-of-two factors, the first exact, the second
     // rounding once (to a subnormal or infinity where the result is out of range).
-    let ni = n.clamp(-192.0, 192.0) as i32;
+    // `n` is integral; clamped to ±192 it sits exactly in the low bits of `n + SHIFT`, read
+    // as an integer (this vectorises; `as i32`, which saturates and maps NaN to 0, did not).
+    // For NaN `ni` is arbitrary, but `j` is NaN and so is the result, as before.
+    let ni =
+        ((n.clamp(-192.0, 192.0) + SHIFT).to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
     let h = ni / 2;
     let res = (j * pow2(h)) * pow2(ni - h);
     if n.abs() > 192.0 {
@@ -163,6 +167,53 @@ mod tests {
         assert!(s > 0.0 && s < f32::MIN_POSITIVE);
         if !cfg!(miri) {
             assert!(((s - (-95.0f32).exp()) / (-95.0f32).exp()).abs() < 1e-3);
+        }
+    }
+
+    /// The exponent read from the bits of `n + SHIFT` gives the bits the saturating cast
+    /// gave, over the whole range, the ends and NaN.
+    #[test]
+    fn exponent_from_bits_matches_the_cast() {
+        fn by_cast(x: f32) -> f32 {
+            let z = x.mul_add(LOG2E, SHIFT);
+            let n = z - SHIFT;
+            let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+            let u = b * b;
+            let j = P5
+                .mul_add(b, P4)
+                .mul_add(u, P3.mul_add(b, P2))
+                .mul_add(u, P1.mul_add(b, 1.0));
+            let ni = n.clamp(-192.0, 192.0) as i32;
+            let h = ni / 2;
+            let res = (j * pow2(h)) * pow2(ni - h);
+            if n.abs() > 192.0 {
+                if n <= 0.0 { 0.0 } else { f32::INFINITY }
+            } else {
+                res
+            }
+        }
+        let step = if cfg!(miri) { 7.3 } else { 0.0137 };
+        let mut x = -200.0f32;
+        let mut xs = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ];
+        while x < 200.0 {
+            xs.push(x);
+            x += step;
+        }
+        for x in xs {
+            let (got, want) = (ggml_expf(x), by_cast(x));
+            // NaN results: Rust leaves their sign and payload open (Miri varies them).
+            if want.is_nan() {
+                assert!(got.is_nan(), "{x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{x}");
+            }
         }
     }
 

@@ -154,6 +154,139 @@ fn rows_fma<const R: usize>(order: Order, rows: [&[f32]; R], col: &[f32]) -> [f3
     out
 }
 
+/// Rounds every value of `v` to f16 and back (round to nearest even), as ggml's conversion
+/// of `src1` to f16 does: with F16C eight at a time, else (and for the tail) by `half`,
+/// which rounds the same way.
+pub(crate) fn round_to_f16(v: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has AVX2 and F16C (checked just above).
+        return unsafe { round_to_f16_f16c(v) };
+    }
+    round_to_f16_portable(v);
+}
+
+fn round_to_f16_portable(v: &mut [f32]) {
+    v.iter_mut()
+        .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx2,f16c")]
+fn round_to_f16_f16c(v: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds eight floats.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(c.as_ptr()));
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    round_to_f16_portable(chunks.into_remainder());
+}
+
+/// Rows of a [`dot_tile`] call.
+pub(crate) const TILE_ROWS: usize = 4;
+/// Columns of a [`dot_tile`] call.
+pub(crate) const TILE_COLS: usize = 4;
+
+/// `out[c][r] = rows[r] · cols[c]` in [`Order::Tiny`] for a tile of [`TILE_ROWS`] rows and
+/// [`TILE_COLS`] columns (every column of one length, a multiple of 16; every row at least
+/// that long).
+///
+/// Each result is the one [`dot_rows`] gives for its row and column: the tile only lets
+/// one load of a row or column serve four products, and (with AVX-512) the sixteen 16-lane
+/// accumulators be reduced together, in `_mm512_reduce_add_ps`'s order lane for lane.
+pub(crate) fn dot_tile(
+    isa: crate::quant::Isa,
+    rows: [&[f32]; TILE_ROWS],
+    cols: [&[f32]; TILE_COLS],
+) -> [[f32; TILE_ROWS]; TILE_COLS] {
+    let k = cols[0].len();
+    assert!(
+        k.is_multiple_of(16)
+            && cols.iter().all(|c| c.len() == k)
+            && rows.iter().all(|r| r.len() >= k),
+        "hdot::dot_tile: short row or bad length (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if isa == crate::quant::Isa::Avx512
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU has AVX-512F and FMA (checked just above); lengths asserted.
+        return unsafe { tile_avx512(rows, cols) };
+    }
+    let _ = isa;
+    cols.map(|c| dot_rows(Order::Tiny, rows, c))
+}
+
+/// [`dot_tile`] with 512-bit vectors: accumulator `(c, r)` is one register, its lane `l`
+/// the portable accumulator's lane `l`.
+///
+/// # Safety
+/// AVX-512F and FMA; every column `k` long (a multiple of 16), every row at least `k`.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn tile_avx512(
+    rows: [&[f32]; TILE_ROWS],
+    cols: [&[f32]; TILE_COLS],
+) -> [[f32; TILE_ROWS]; TILE_COLS] {
+    use std::arch::x86_64::*;
+    let k = cols[0].len();
+    let rp = rows.map(<[f32]>::as_ptr);
+    let cp = cols.map(<[f32]>::as_ptr);
+    // acc[4c + r]
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for i in (0..k).step_by(16) {
+        // SAFETY: `i + 16 <= k` and every row and column holds `k` floats.
+        let (x, y) = unsafe {
+            (
+                rp.map(|p| _mm512_loadu_ps(p.add(i))),
+                cp.map(|p| _mm512_loadu_ps(p.add(i))),
+            )
+        };
+        for c in 0..TILE_COLS {
+            for r in 0..TILE_ROWS {
+                acc[4 * c + r] = _mm512_fmadd_ps(x[r], y[c], acc[4 * c + r]);
+            }
+        }
+    }
+    // `reduce16` on all sixteen at once. 1: `v[8 + i] + v[i]`, two accumulators a vector.
+    let t: [__m512; 8] = std::array::from_fn(|j| {
+        let (a, b) = (acc[2 * j], acc[2 * j + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+        )
+    });
+    // 2: `t3[4 + i] + t3[i]`, four accumulators a vector (128-bit lane j of u[q] is
+    // accumulator 4q + j).
+    let u: [__m512; 4] = std::array::from_fn(|q| {
+        let (a, b) = (t[2 * q], t[2 * q + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0xDD>(a, b),
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+        )
+    });
+    // 3: `(t6[0] + t6[2]) + (t6[1] + t6[3])`: element 4j + q of the result is accumulator
+    // 4q + j.
+    let pair =
+        |p: __m512, q: __m512| _mm512_add_ps(_mm512_unpacklo_ps(p, q), _mm512_unpackhi_ps(p, q));
+    let (v, w) = (pair(u[0], u[1]), pair(u[2], u[3]));
+    let (vd, wd) = (_mm512_castps_pd(v), _mm512_castps_pd(w));
+    let sum = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(vd, wd)),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(vd, wd)),
+    );
+    let mut e = [0.0f32; 16];
+    // SAFETY: `e` holds sixteen floats.
+    unsafe { _mm512_storeu_ps(e.as_mut_ptr(), sum) };
+    // Accumulator 4c + r = 4q + j: q = c, j = r, element 4r + c.
+    std::array::from_fn(|c| std::array::from_fn(|r| e[4 * r + c]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +325,63 @@ mod tests {
         assert_eq!(Order::for_shape(64, 256, 2), Order::Tiny);
         assert_eq!(Order::for_shape(40, 256, 2), Order::VecDot);
         assert_eq!(Order::for_shape(64, 6, 2), Order::VecDot);
+    }
+
+    #[test]
+    fn f16_rounding_matches_half() {
+        let mut v: Vec<f32> = (0..1000)
+            .map(|i| {
+                let x = (i as f32 - 500.0) * 1.000_37e-3 * 2f32.powi(i % 40 - 20);
+                if i % 97 == 0 { f32::INFINITY } else { x }
+            })
+            .collect();
+        v.extend([
+            65520.0,
+            65519.0,
+            6e-8,
+            3e-8,
+            1e-40,
+            -0.0,
+            2049.0,
+            2051.0,
+            f32::NAN,
+        ]);
+        let mut want = v.clone();
+        round_to_f16_portable(&mut want);
+        round_to_f16(&mut v);
+        assert_eq!(
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn tiles_give_each_pair_its_own_product() {
+        let val = |i: usize| {
+            let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
+            half::f16::from_f32(x * if i.is_multiple_of(3) { 7.0 } else { 1e-3 }).to_f32()
+        };
+        for k in [16, 64, 256] {
+            let rows: Vec<Vec<f32>> = (0..TILE_ROWS)
+                .map(|r| (0..k).map(|i| val(i * 5 + r)).collect())
+                .collect();
+            let cols: Vec<Vec<f32>> = (0..TILE_COLS)
+                .map(|c| (0..k).map(|i| val(i * 3 + 999 * c + 1)).collect())
+                .collect();
+            let rws: [&[f32]; TILE_ROWS] = std::array::from_fn(|r| &rows[r][..]);
+            let cls: [&[f32]; TILE_COLS] = std::array::from_fn(|c| &cols[c][..]);
+            for isa in crate::quant::Isa::available() {
+                let got = dot_tile(isa, rws, cls);
+                for c in 0..TILE_COLS {
+                    let want = rows_portable(Order::Tiny, rws, cls[c]);
+                    assert_eq!(
+                        got[c].map(f32::to_bits),
+                        want.map(f32::to_bits),
+                        "k {k}, {isa:?}, column {c}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

