@@ -78,6 +78,31 @@ impl Scratch {
         }
     }
 
+    /// Give every thread's scratch the largest length any thread's has reached. Which thread
+    /// takes which work unit varies from run to run, so without this a thread could meet a
+    /// size for the first time (and allocate) long after the others settled; evened out at
+    /// the start of each compute, a size seen once by any thread is held by all from the next
+    /// compute on. Cost: one uncontended lock per thread per compute.
+    pub fn even_out(&mut self) {
+        let mut most = [0usize; 4];
+        for t in &mut self.thread {
+            let t = t.get_mut();
+            for (m, len) in most
+                .iter_mut()
+                .zip([t.a.len(), t.b.len(), t.c.len(), t.bytes.len()])
+            {
+                *m = (*m).max(len);
+            }
+        }
+        for t in &mut self.thread {
+            let t = t.get_mut();
+            grow(&mut t.a, most[0]);
+            grow(&mut t.b, most[1]);
+            grow(&mut t.c, most[2]);
+            grow(&mut t.bytes, most[3]);
+        }
+    }
+
     /// Bytes currently held (for diagnostics and tests of reuse).
     pub fn capacity_bytes(&self) -> usize {
         let t: usize = self

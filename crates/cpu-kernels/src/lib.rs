@@ -453,6 +453,7 @@ fn run(
     abort: Option<&(dyn Fn() -> bool + Send + Sync)>,
     resolver: Option<&dyn MemoryResolver>,
 ) -> Result<ComputeStatus, BackendError> {
+    scratch.even_out();
     let mut exec = Exec {
         pool,
         n_threads,

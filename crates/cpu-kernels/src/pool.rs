@@ -134,17 +134,36 @@ impl Pool {
             waiting: AtomicBool::new(false),
         });
         let mut handles = Vec::with_capacity(n_threads - 1);
+        // Each worker reports once it runs: a new thread's start-up (its name copied for the
+        // runtime, thread-locals) allocates on that thread, which the OS may schedule late;
+        // waiting here keeps those allocations inside `new`, never inside a later compute.
+        let (started, running) = std::sync::mpsc::channel::<()>();
         for ith in 1..n_threads {
             let sh = shared.clone();
+            let started = started.clone();
             let h = std::thread::Builder::new()
                 .name(format!("cpu-kernels-{ith}"))
-                .spawn(move || worker(sh, ith));
+                .spawn(move || {
+                    // The receiver outlives this send (it is dropped after every worker
+                    // reported or failed to start); an error could only mean it is gone.
+                    let _ = started.send(());
+                    drop(started);
+                    worker(sh, ith)
+                });
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not start a worker thread; using fewer");
                     break;
                 }
+            }
+        }
+        drop(started);
+        for _ in 0..handles.len() {
+            // Every started worker sends once; a worker that died before sending dropped its
+            // sender, and once all are gone `recv` errs instead of blocking.
+            if running.recv().is_err() {
+                break;
             }
         }
         let n_threads = handles.len() + 1;
