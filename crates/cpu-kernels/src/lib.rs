@@ -152,6 +152,7 @@ mod mem;
 mod pool;
 mod qdot;
 mod quant;
+mod sgemm;
 
 #[doc(hidden)]
 pub mod doc_support;
