@@ -461,23 +461,15 @@ impl Exec<'_> {
                 };
                 let x = grow(&mut ts.a, ne0);
                 a.load_f32(0, i1, i2, i3, x);
-                x.iter_mut().for_each(|v| *v *= scale);
-                if let Some(m) = mask {
-                    let mv = grow(&mut ts.b, ne0);
-                    m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
-                    if slope == 1.0 {
-                        x.iter_mut().zip(mv.iter()).for_each(|(v, &w)| *v += w);
-                    } else {
-                        // ggml's `wp[i] += slope*mp[i]` is compiled to a fused multiply-add.
-                        x.iter_mut()
-                            .zip(mv.iter())
-                            .for_each(|(v, &w)| *v = slope.mul_add(w, *v));
+                let mv = match mask {
+                    Some(m) => {
+                        let mv = grow(&mut ts.b, ne0);
+                        m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
+                        Some(&*mv)
                     }
-                }
-                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let sum = crate::gexp::soft_max_exp_sum(x, max);
-                let inv = (1.0 / sum) as f32;
-                x.iter_mut().for_each(|v| *v *= inv);
+                    None => None,
+                };
+                crate::gexp::soft_max_row(x, mv, scale, slope);
                 dst.store_f32(0, i1, i2, i3, x);
             }
             Ok(())
