@@ -459,13 +459,18 @@ mod tests {
 
     #[test]
     fn grid_covers_every_element_once() {
-        for (m, n, nb, nth) in [
-            (384, 4096, 1, 2),
-            (128, 128, 384, 2),
-            (33, 81, 4, 2),
-            (4096, 96, 1, 2),
-            (1, 1, 1, 1),
-        ] {
+        let shapes: &[(usize, usize, usize, usize)] = if cfg!(miri) {
+            &[(33, 81, 4, 2), (100, 300, 1, 2), (1, 1, 1, 1)]
+        } else {
+            &[
+                (384, 4096, 1, 2),
+                (128, 128, 384, 2),
+                (33, 81, 4, 2),
+                (4096, 96, 1, 2),
+                (1, 1, 1, 1),
+            ]
+        };
+        for &(m, n, nb, nth) in shapes {
             let g = Grid::new(m, n, nb, nth);
             let mut seen = vec![0u8; m * n];
             for u in 0..g.units_per_matrix() {
