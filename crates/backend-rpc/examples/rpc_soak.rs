@@ -139,8 +139,8 @@ fn main() -> ExitCode {
         println!(
             "{} clients, {:.1} s: {} round trips, {:.0} requests/s; one-node graph p50 {:.2} ms, \
              p99 {:.2} ms, max {:.2} ms; server RSS start {} KiB, before {} KiB, peak {} KiB, \
-             after {} KiB; faults stall {} / mid-graph {} / oversized {} / memory hog {} \
-             (hog held {} MiB)",
+             after {} KiB; faults stall {} / mid-graph {} / oversized {} / memory hog {} / \
+             graph hog {} (hog held {} MiB, {} graph messages held)",
             r.clients,
             r.secs,
             r.requests,
@@ -156,7 +156,9 @@ fn main() -> ExitCode {
             r.faults[1],
             r.faults[2],
             r.faults[3],
-            r.hog_mib
+            r.faults[4],
+            r.hog_mib,
+            r.graph_hogs_held
         );
     }
     if !r.rss_back_to_baseline(0.05) {

@@ -58,4 +58,6 @@ pub mod wire;
 
 pub use client::{RpcConfig, RpcError, add_server, connect, parse_endpoints};
 pub use endpoints::{ConnectAllError, EMBEDDED, RemoteDevices, connect_all};
-pub use server::{BackendFactory, Server, ServerConfig, ServerError, ServerHandle, Session};
+pub use server::{
+    BackendFactory, GRAPH_FREE_BYTES, Server, ServerConfig, ServerError, ServerHandle, Session,
+};

@@ -16,8 +16,12 @@
 //! * allocations are bounded per buffer, per client and for the whole server (one byte account
 //!   shared by all sessions, given back when a buffer is freed or its session ends); node and
 //!   tensor counts are bounded;
+//! * a graph message larger than [`GRAPH_FREE_BYTES`] is charged to the same accounts before
+//!   its payload is read (payload, decoded message, then the rebuilt graph while it is stored
+//!   for GRAPH_RECOMPUTE), so large graphs cannot take the server past its cap either;
 //! * SET_TENSOR and GET_TENSOR data moves between the socket and the buffer in 1 MiB chunks,
-//!   so besides its buffers a client can make the server hold at most one graph message.
+//!   so besides its buffers and its charged graph a client makes the server hold a bounded,
+//!   fixed amount (its thread, one chunk, one graph message of at most [`GRAPH_FREE_BYTES`]).
 //!
 //! A bad message closes that connection with a log line; the other clients and the server go
 //! on. Each connection has its own buffers (freed when it goes away) and its own backend, so
@@ -53,12 +57,14 @@ use crate::wire::{
 pub struct ServerConfig {
     /// Largest single buffer a client may allocate (at most 2^40 bytes).
     pub max_buffer_size: u64,
-    /// Most bytes one client may hold in buffers at once.
+    /// Most bytes one client may hold in buffers and graph messages at once.
     pub max_client_memory: u64,
-    /// Most bytes all clients together may hold in buffers at once. An allocation past it
-    /// (or past [`ServerConfig::max_client_memory`]) gets the protocol's failure answer (a
-    /// null buffer), which our client reports as [`backend_core::BackendError::AllocationFailed`];
-    /// the connection stays open.
+    /// Most bytes all clients together may hold in buffers and graph messages at once. An
+    /// allocation past it (or past [`ServerConfig::max_client_memory`]) gets the protocol's
+    /// failure answer (a null buffer), which our client reports as
+    /// [`backend_core::BackendError::AllocationFailed`]; the connection stays open. A graph
+    /// message past it is [`ServerError::MemoryCap`]: GRAPH_COMPUTE has no failure answer, so
+    /// that connection is closed.
     pub max_server_memory: u64,
     /// Largest SET_TENSOR data payload.
     pub max_set_size: u64,
@@ -136,6 +142,45 @@ pub enum ServerError {
     /// The local backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// Holding a message would take the client or the server past its memory cap.
+    #[error("{what}: {need} more bytes would pass the {cap} byte {whose} memory cap")]
+    MemoryCap {
+        /// Which request.
+        what: &'static str,
+        /// Bytes the request needs.
+        need: u64,
+        /// The cap it would pass.
+        cap: u64,
+        /// `"client"` or `"server"`.
+        whose: &'static str,
+    },
+}
+
+/// Graph messages of at most this many bytes are not charged to the memory accounts: they are
+/// part of a connection's fixed overhead (like its thread and its streaming chunk), so a
+/// client holding the cap with buffers does not stop the others from computing small graphs.
+/// At most [`ServerConfig::max_clients`] such messages (and the graphs rebuilt from them) are
+/// held at once. Larger ones are charged before their payload is read.
+pub const GRAPH_FREE_BYTES: u64 = 64 << 10;
+
+/// What a graph message of `size` payload bytes may make the server hold while it is read and
+/// decoded: the payload itself plus the decoded message (node ids as they are; each 296-byte
+/// wire tensor becomes one [`RpcTensor`]; the bound takes the worst split between the two).
+fn graph_message_cost(size: u64) -> u64 {
+    let per_tensor = std::mem::size_of::<RpcTensor>() as u64;
+    size.saturating_add(size)
+        .saturating_add((size / RPC_TENSOR_SIZE as u64).saturating_mul(per_tensor))
+}
+
+/// What the graph rebuilt from a decoded message holds while it is computed and stored for
+/// GRAPH_RECOMPUTE: one [`graph::Tensor`] and one id-map entry (with the map's slack) per
+/// tensor, one node id per node, plus room for per-node work lists of the compute.
+fn graph_build_cost(n_nodes: usize, n_tensors: usize) -> u64 {
+    let per_tensor = std::mem::size_of::<graph::Tensor>() as u64 + 64;
+    let per_node = std::mem::size_of::<TensorId>() as u64 + 64;
+    (n_tensors as u64)
+        .saturating_mul(per_tensor)
+        .saturating_add((n_nodes as u64).saturating_mul(per_node))
 }
 
 fn bad_tensor(id: u64, why: impl Into<String>) -> ServerError {
@@ -285,6 +330,14 @@ impl Server {
             });
     }
 
+    /// Take `size` bytes as a [`Reservation`], given back when it is dropped.
+    fn reserve_guard(self: &Arc<Self>, size: u64) -> Option<Reservation> {
+        self.reserve(size).then(|| Reservation {
+            server: self.clone(),
+            bytes: size,
+        })
+    }
+
     /// A fresh per-connection state machine (what each accepted client gets).
     pub fn session(self: &Arc<Self>) -> Session {
         Session {
@@ -295,6 +348,7 @@ impl Server {
             allocated: 0,
             backend: None,
             stored: None,
+            message: None,
         }
     }
 
@@ -389,7 +443,7 @@ impl Server {
                 break Some(format!("read: {e}"));
             }
             let size = u64::from_le_bytes(head[1..9].try_into().unwrap_or_default());
-            let cmd = match session.check_header(head[0], size) {
+            let cmd = match session.admit(head[0], size) {
                 Ok(c) => c,
                 Err(e) => break Some(e.to_string()),
             };
@@ -410,6 +464,11 @@ impl Server {
                 None => {}
             }
             let mut payload = Vec::new();
+            // A charged graph message gets its whole (charged) room at once: the pages are only
+            // touched as bytes arrive, and read_to_end then never doubles the capacity.
+            if session.message.is_some() && payload.try_reserve_exact(size as usize).is_err() {
+                break Some(format!("cannot allocate a {size} byte message"));
+            }
             match (&mut stream).take(size).read_to_end(&mut payload) {
                 Ok(n) if n as u64 == size => {}
                 Ok(_) => break Some("connection closed inside a message".into()),
@@ -432,6 +491,19 @@ impl Server {
             None => tracing::info!(%peer, "client disconnected"),
             Some(why) => tracing::warn!(%peer, %why, "closing client connection"),
         }
+    }
+}
+
+/// Bytes taken from the server account for something a session holds other than a buffer (a
+/// graph message being handled, a stored graph); given back on drop, however the holder ends.
+struct Reservation {
+    server: Arc<Server>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.server.release(self.bytes);
     }
 }
 
@@ -508,6 +580,9 @@ struct SessionBuffer {
 struct StoredGraph {
     ctx: Context,
     nodes: Vec<TensorId>,
+    /// Its charge to the memory accounts (`None` for a graph from a message of at most
+    /// [`GRAPH_FREE_BYTES`]).
+    charge: Option<Reservation>,
 }
 
 /// A tensor resolved against the session's buffers: where its bytes are.
@@ -537,6 +612,9 @@ pub struct Session {
     allocated: u64,
     backend: Option<Backend>,
     stored: Option<StoredGraph>,
+    /// The charge for the graph message being read and handled, with the payload size it was
+    /// taken for (see [`Session::admit`]).
+    message: Option<(u64, Reservation)>,
 }
 
 impl std::fmt::Debug for Session {
@@ -620,9 +698,72 @@ impl Session {
         }
     }
 
+    /// [`Session::check_header`], and for a GRAPH_COMPUTE of more than [`GRAPH_FREE_BYTES`]
+    /// also charge what reading and decoding it may hold to the client's and the server's
+    /// memory accounts, before any of the payload is read ([`ServerError::MemoryCap`] past a
+    /// cap). [`Session::handle`] gives the charge back when it is done with the message; it
+    /// admits the message itself when this was not called first.
+    pub fn admit(&mut self, cmd: u8, size: u64) -> Result<Command, ServerError> {
+        let c = self.check_header(cmd, size)?;
+        if c == Command::GraphCompute {
+            // A new graph replaces the stored one (as in ggml), so that one's charge goes first.
+            self.stored = None;
+            self.message = None;
+            if size > GRAPH_FREE_BYTES {
+                let charge = self.charge("GRAPH_COMPUTE", graph_message_cost(size), 0)?;
+                self.message = Some((size, charge));
+            }
+        }
+        Ok(c)
+    }
+
+    /// Bytes this client holds in its accounts: buffers, stored graph, message being handled.
+    fn held(&self) -> u64 {
+        let graph = self.stored.as_ref().and_then(|g| g.charge.as_ref());
+        [graph, self.message.as_ref().map(|(_, r)| r)]
+            .into_iter()
+            .flatten()
+            .fold(self.allocated, |t, r| t.saturating_add(r.bytes))
+    }
+
+    /// Take `need` bytes from the client's cap (which already holds [`Session::held`] plus
+    /// `also_held`) and from the server's.
+    fn charge(
+        &self,
+        what: &'static str,
+        need: u64,
+        also_held: u64,
+    ) -> Result<Reservation, ServerError> {
+        let cfg = &self.server.config;
+        let client = self.held().saturating_add(also_held);
+        if client
+            .checked_add(need)
+            .is_none_or(|t| t > cfg.max_client_memory)
+        {
+            return Err(ServerError::MemoryCap {
+                what,
+                need,
+                cap: cfg.max_client_memory,
+                whose: "client",
+            });
+        }
+        self.server
+            .reserve_guard(need)
+            .ok_or(ServerError::MemoryCap {
+                what,
+                need,
+                cap: cfg.max_server_memory,
+                whose: "server",
+            })
+    }
+
     /// Handle one complete request; `Ok(Some(bytes))` is the response payload to send.
     pub fn handle(&mut self, cmd: u8, payload: &[u8]) -> Result<Option<Vec<u8>>, ServerError> {
         let c = self.check_header(cmd, payload.len() as u64)?;
+        if c != Command::GraphCompute {
+            // A charge is only for the GRAPH_COMPUTE it was admitted for.
+            self.message = None;
+        }
         let mut r = Reader::new(payload, "request");
         let out = match c {
             Command::Hello => {
@@ -761,13 +902,28 @@ impl Session {
                 Some(size.to_le_bytes().to_vec())
             }
             Command::GraphCompute => {
+                // Admitted by the caller for this very size, or admitted here.
+                let size = payload.len() as u64;
+                if self.message.as_ref().is_none_or(|&(s, _)| s != size) {
+                    self.admit(cmd, size)?;
+                }
+                // Given back when this arm ends, however it ends. A new graph replaces the
+                // stored one before it is checked (`admit` dropped it).
+                let message = self.message.take().map(|(_, r)| r);
                 let cfg = &self.server.config;
                 let msg =
                     GraphMessage::decode(payload, cfg.max_graph_nodes, cfg.max_graph_tensors)?;
                 self.device(msg.device)?;
-                // A new graph replaces the stored one before it is checked.
-                self.stored = None;
-                let g = self.build_graph(&msg)?;
+                let charge = match &message {
+                    Some(m) => Some(self.charge(
+                        "GRAPH_COMPUTE",
+                        graph_build_cost(msg.nodes.len(), msg.tensors.len()),
+                        m.bytes,
+                    )?),
+                    None => None,
+                };
+                let mut g = self.build_graph(&msg)?;
+                g.charge = charge;
                 self.compute(&g)?;
                 self.stored = Some(g);
                 None
@@ -836,7 +992,7 @@ impl Session {
         let cfg = &self.server.config;
         if size > self.max_buffer()
             || self
-                .allocated
+                .held()
                 .checked_add(size)
                 .is_none_or(|t| t > cfg.max_client_memory)
             || self.next_handle > MAX_HANDLE
@@ -862,8 +1018,8 @@ impl Session {
                 return (0, 0);
             }
         };
-        // No overflow: `next_handle <= MAX_HANDLE` and `allocated + size <= max_client_memory`
-        // were checked above.
+        // No overflow: `next_handle <= MAX_HANDLE` and `held() + size <= max_client_memory`
+        // (`held() >= allocated`) were checked above.
         let h = self.next_handle;
         self.next_handle += 1;
         self.allocated += size;
@@ -946,7 +1102,11 @@ impl Session {
                 .ok_or_else(|| ServerError::BadGraph(format!("node {n:#x} not in the list")))?;
             nodes.push(id);
         }
-        Ok(StoredGraph { ctx, nodes })
+        Ok(StoredGraph {
+            ctx,
+            nodes,
+            charge: None,
+        })
     }
 
     /// Rebuild one wire tensor with our constructors and check it came out as sent.

@@ -115,7 +115,13 @@ fn a_second_hello_closes_the_connection() {
 
 #[test]
 fn a_hello_of_the_wrong_size_closes_the_connection() {
-    let h = spawn(config());
+    // More slots than connections made: the server counts a closed connection out on its own
+    // thread, possibly after this client has seen the close, and this test is not about the
+    // client limit.
+    let h = spawn(ServerConfig {
+        max_clients: 8,
+        ..config()
+    });
     for size in [0, CONN_CAPS_SIZE - 1, CONN_CAPS_SIZE + 1] {
         let mut s = connect(&h);
         send(&mut s, Command::Hello as u8, &vec![0u8; size]);

@@ -1,6 +1,6 @@
 //! The server under load and hostile clients (stalled, dying mid-graph, oversized prefixes,
 //! memory hogs), against a real `rpc-server` process; the long run is `cargo xtask rpc-soak`.
-//! Also the memory caps' accounting, on sessions without sockets.
+//! Also the memory caps' accounting (buffers and graph messages), on sessions without sockets.
 
 mod soak;
 
@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backend_rpc::wire::Command;
-use backend_rpc::{Server, ServerConfig};
+use backend_rpc::wire::{Command, GraphMessage, RpcTensor};
+use backend_rpc::{GRAPH_FREE_BYTES, Server, ServerConfig, ServerError};
 
 /// ALLOC_BUFFER through a session: the handle (0 = refused).
 fn alloc(s: &mut backend_rpc::Session, size: u64) -> u64 {
@@ -60,6 +60,107 @@ fn server_memory_cap_is_shared_and_given_back() {
     drop(a);
     assert_eq!(server.held_bytes(), 2 << 20);
     drop(b);
+    assert_eq!(server.held_bytes(), 0);
+}
+
+/// A GRAPH_COMPUTE over buffer 1 of a session: `leaves` four-float leaves side by side and
+/// one node adding the first two (its result after the leaves).
+fn graph_message(leaves: u64) -> Vec<u8> {
+    let tensor = |id: u64, slot: u64| RpcTensor {
+        id,
+        buffer: 1,
+        ne: [4, 1, 1, 1],
+        nb: [4, 16, 16, 16],
+        data: (1 << 40) + 16 * slot,
+        ..Default::default()
+    };
+    let mut tensors: Vec<RpcTensor> = (0..leaves).map(|i| tensor(i + 1, i)).collect();
+    let mut add = tensor(leaves + 1, leaves);
+    add.op = 2;
+    add.src[0] = 1;
+    add.src[1] = 2;
+    tensors.push(add);
+    GraphMessage {
+        device: 0,
+        nodes: vec![leaves + 1],
+        tensors,
+    }
+    .encode()
+}
+
+fn is_cap(e: &ServerError, who: &str) -> bool {
+    matches!(e, ServerError::MemoryCap { whose, .. } if *whose == who)
+}
+
+#[test]
+fn graph_messages_are_charged_to_the_caps() {
+    let cfg = ServerConfig {
+        max_buffer_size: 2 << 20,
+        max_client_memory: 2 << 20,
+        max_server_memory: 4 << 20,
+        ..ServerConfig::default()
+    };
+    let server = Server::new(backend_cpu::cpu_device(), Arc::new(backend_cpu::init), cfg);
+    let (big, small) = (graph_message(300), graph_message(2));
+    let size = big.len() as u64;
+    assert!(size > GRAPH_FREE_BYTES && small.len() as u64 <= GRAPH_FREE_BYTES);
+    let mut a = server.session();
+    hello(&mut a);
+    assert_ne!(alloc(&mut a, 301 * 16), 0);
+    // Computed and stored: the stored graph stays charged, the message's charge came back.
+    a.handle(Command::GraphCompute as u8, &big).unwrap();
+    let stored = server.held_bytes() - 301 * 16;
+    assert!(
+        stored > 0 && stored < 4 * size,
+        "stored graph charged {stored}"
+    );
+    a.handle(Command::GraphRecompute as u8, &0u32.to_le_bytes())
+        .unwrap();
+    assert_eq!(server.held_bytes(), 301 * 16 + stored);
+    // Two more clients fill the server cap with buffers but for 100 kB.
+    let (mut b, mut c) = (server.session(), server.session());
+    hello(&mut b);
+    hello(&mut c);
+    assert_ne!(alloc(&mut b, 2 << 20), 0);
+    let room = (4 << 20) - server.held_bytes();
+    assert_ne!(alloc(&mut c, room - 100_000), 0);
+    // The next large graph is refused from its header, before its payload is read; the graph
+    // it replaces is dropped, and its charge given back.
+    let e = a.admit(Command::GraphCompute as u8, size).unwrap_err();
+    assert!(is_cap(&e, "server"), "{e}");
+    assert_eq!(server.held_bytes(), 301 * 16 + (2 << 20) + room - 100_000);
+    // The same through `handle` alone (the payload already read).
+    let e = a.handle(Command::GraphCompute as u8, &big).unwrap_err();
+    assert!(is_cap(&e, "server"), "{e}");
+    drop(a);
+    // Small graphs are a connection's fixed overhead: the others keep computing.
+    b.handle(Command::GraphCompute as u8, &small).unwrap();
+    c.handle(Command::GraphCompute as u8, &small).unwrap();
+    // Past the client cap: b holds 2 MiB of buffers.
+    drop(c);
+    let e = b.handle(Command::GraphCompute as u8, &big).unwrap_err();
+    assert!(is_cap(&e, "client"), "{e}");
+    assert_eq!(server.held_bytes(), 2 << 20);
+    // With room again, a fresh client's large graph goes through.
+    let mut d = server.session();
+    hello(&mut d);
+    assert_ne!(alloc(&mut d, 301 * 16), 0);
+    d.handle(Command::GraphCompute as u8, &big).unwrap();
+    assert_eq!(server.held_bytes(), (2 << 20) + 301 * 16 + stored);
+    // A charge admitted for one size does not cover a payload of another (or another command).
+    d.admit(Command::GraphCompute as u8, GRAPH_FREE_BYTES + 1)
+        .unwrap();
+    d.handle(Command::GraphCompute as u8, &big).unwrap();
+    assert_eq!(server.held_bytes(), (2 << 20) + 301 * 16 + stored);
+    d.admit(Command::GraphCompute as u8, size).unwrap();
+    d.handle(Command::DeviceCount as u8, &[]).unwrap();
+    assert_eq!(server.held_bytes(), (2 << 20) + 301 * 16);
+    d.handle(Command::GraphCompute as u8, &big).unwrap();
+    // A free drops the stored graph (ggml's rule) and its charge.
+    d.handle(Command::FreeBuffer as u8, &1u64.to_le_bytes())
+        .unwrap();
+    assert_eq!(server.held_bytes(), 2 << 20);
+    drop((b, d));
     assert_eq!(server.held_bytes(), 0);
 }
 

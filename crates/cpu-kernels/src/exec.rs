@@ -140,6 +140,8 @@ impl Exec<'_> {
             .clamp(1, self.n_threads.min(self.pool.n_threads()))
             .min(n_units)
             .min(self.scratch.thread.len());
+        // Indexing: `Scratch::new` makes at least one thread slot, `nth <= thread.len()`
+        // (clamped above) and the pool hands out `ith < nth`.
         let thread = &self.scratch.thread;
         if nth <= 1 {
             return f(0..n_units, &mut thread[0].lock());
@@ -202,6 +204,8 @@ impl Exec<'_> {
             .div_ceil(nth * STREAM_CHUNKS_PER_THREAD)
             .max(min_units);
         let pack = |lo: usize, hi: usize| lo as u64 | (hi as u64) << 32;
+        // `ranges` has one slot per scratch thread and `nth <= thread.len()` (as in par_for);
+        // `victim < nth` by the modulo below.
         let ranges = &self.scratch.ranges[..nth];
         for (t, r) in ranges.iter().enumerate() {
             r.store(
@@ -320,6 +324,9 @@ impl Exec<'_> {
         // Direct path: dense f32 rows, no broadcast along dim 0, and the result either apart
         // from both sources or exactly one of them (in place). Anything else (partial
         // overlap, strides) goes through scratch. Both compute the same f32 operations.
+        // Indexing: `supports_op` checked `b.can_repeat(a)` with `a` the shape of `dst`, which is
+        // not empty here, so every `b.ne[d]` is non-zero (the modulos below) and divides
+        // `a.ne[d]`; `xb` holds `nb0` elements.
         let dense = |t: &TView| t.nb[0] == 4;
         let a_in = dst.same_elements(a);
         let b_in = dst.same_elements(b);
@@ -463,6 +470,8 @@ impl Exec<'_> {
                 a.load_f32(0, i1, i2, i3, x);
                 let mv = match mask {
                     Some(m) => {
+                        // `supports_op`: the mask's ne0 is ne0, its ne1 at least a's, and its
+                        // ne2 and ne3 are non-zero divisors of a's (the modulos).
                         let mv = grow(&mut ts.b, ne0);
                         m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
                         Some(&*mv)
@@ -499,6 +508,9 @@ impl Exec<'_> {
         let theta_scale = freq_base.powf(-2.0 / n_dims as f32);
         let corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow);
         let ne1 = dst.ne[1];
+        // Indexing: `cache` holds `n_dims` values and `x`, `y` hold `ne0 >= n_dims` (checked
+        // above), so `i0 + 1 < n_dims` and `j1 < n_dims`; `supports_op` checked that `pos` has
+        // at least `a.ne2` elements along dimension 0 and no empty dimension.
         // One unit per (i2, i3): all rows of one position share the sin/cos cache.
         self.par_for(dst.ne[2] * dst.ne[3], ne0 * ne1 * 2, |units, ts| {
             for u in units {
@@ -551,6 +563,8 @@ impl Exec<'_> {
             ));
         }
         let ne0 = dst.ne[0];
+        // Indexing: `supports_op` checked `dst.ne == [a.ne0, rows.ne0, rows.ne1, rows.ne2]`,
+        // `a.ne2 == rows.ne1` and `a.ne3 == rows.ne2`; the row index read is checked below.
         let n_src_rows = a.ne[1];
         self.par_for(dst.nrows(), ne0, |units, ts| {
             for u in units {
@@ -675,6 +689,11 @@ impl Exec<'_> {
             }
             return Ok(());
         }
+        // Indexing: `supports_op` checked `a.ne2, a.ne3 > 0` dividing `b`'s and
+        // `dst.ne == [m, n, b.ne2, b.ne3]`, so `i2 / r2 < a.ne2` and `i3 / r3 < a.ne3`. The
+        // packed columns are `ncols` slices of `k` floats (or `col_bytes` bytes), sliced by
+        // column indices `< ncols`; the products fit `usize` as they count elements (or
+        // packed bytes, at most the f32 size) of `b`, whose byte size the graph checked.
         let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
         let n_batch = dst.ne[2] * dst.ne[3];
         // q4_0 weights always take the dot path: its kernel unpacks each block once for four
@@ -748,6 +767,7 @@ impl Exec<'_> {
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
         let mblocks = m.div_ceil(MM_ROWS);
+        let row_len = a.ty.row_size(k);
         let isa = quant::Isa::best();
         let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
         let half_order = hdot::Order::for_shape(k, m, n);
@@ -788,6 +808,17 @@ impl Exec<'_> {
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
                         _ => F32_ROWS,
                     };
+                    // The unit's quantized rows, bounds-checked once (row `rows.start + i`
+                    // is `row_len` bytes at `i · nb[1]`).
+                    let span = if group == ROWS {
+                        a.rows_bytes(rows.start, nr, a2, a3)
+                    } else {
+                        &[]
+                    };
+                    let qrow = |i: usize| {
+                        let o = (i - rows.start) * a.nb[1];
+                        &span[o..o + row_len]
+                    };
                     for g0 in (0..nr).step_by(group) {
                         let g = (nr - g0).min(group);
                         let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
@@ -795,8 +826,7 @@ impl Exec<'_> {
                             out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                         };
                         if let Some(kind) = ggml_order {
-                            let rws: [&[u8]; ROWS] =
-                                std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                            let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
                             let col = |j: usize| {
                                 let c = batch0 * n + j;
                                 &packed_q[c * col_bytes..(c + 1) * col_bytes]
@@ -806,8 +836,7 @@ impl Exec<'_> {
                         }
                         match a.ty {
                             ElementType::Q4_0 => {
-                                let rws: [&[u8]; ROWS] =
-                                    std::array::from_fn(|j| a.row_bytes(row_of(j), a2, a3));
+                                let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
                                 let col = |j: usize| {
                                     let c = batch0 * n + j;
                                     &packed_q[c * col_bytes..(c + 1) * col_bytes]
@@ -1035,6 +1064,8 @@ fn f32_rows<'a, const N: usize>(
 /// result depends only on its row, its column and `k`.
 fn mul_mat_tiles_f32(isa: quant::Isa, rows: &[&[f32]], cols: &[f32], k: usize, out: &mut [f32]) {
     use quant::{TILE_COLS, TILE_ROWS};
+    // Indexing: the caller passes `k > 0`, at least `F32_TILE_MIN_N` columns and one row, and
+    // `out` of at least `nr * n` floats; `(i0 + t).min(nr - 1)` and `cj(t)` clamp to them.
     let (nr, n) = (rows.len(), cols.len() / k);
     out[..nr * n].fill(0.0);
     let kc = (TILE_COL_FLOATS / n).clamp(256, 1024) / 8 * 8;

@@ -16,6 +16,9 @@
 //!
 //! The functions here are portable code (`f32::mul_add` fuses at every level), compiled for
 //! AVX2/FMA at run time where available so they vectorise; every level gives the same bits.
+//!
+//! Indexing: [`dot_rows`] asserts the row and column lengths once; the loops below index
+//! `chunks_exact` pieces and the fixed-size accumulators with constant bounds.
 
 use crate::gexp::reduce16;
 

@@ -102,9 +102,19 @@
 //!   the ceiling in the same run (`mul_mat/read_64MiB_baseline`, eight streams per thread).
 //!   Each row's dot product is a function of that row and the column only, so results do
 //!   not depend on the thread count or on how rows fall into groups.
+//! * **The decode step's q4_1 / q8_0 mat-vec** (eight weight rows against one column, the
+//!   SmolLM2 decode path) has an AVX-512 + VNNI kernel of its own (`qmv512`): two rows per
+//!   512-bit register, `dpbusd` for the exact four-byte lane sums, the eight rows' block
+//!   scales converted and multiplied in one vector. The AVX2 kernel spilled its eight rows'
+//!   state to the stack on every block. Same operations per row in the same order, so the
+//!   same bits as the AVX2 and portable kernels (its test compares all three).
 //! * **`half`** converts f16/bf16: it is the standard crate for these types, exact in both
 //!   directions (round to nearest even), and uses the F16C instructions when the CPU has them.
-//! * **Threads**: a persistent pool (see `pool`), work split per op into row units; ops below
+//!   Slices of f16 (KV-cache rows read, the V-cache column written per decode step) go
+//!   through `mem`'s own F16C loops instead: `half`'s slice conversion makes one out-of-line
+//!   call per eight values and copies short slices through a chunk buffer.
+//! * **Threads**: a persistent pool (see `pool`: a job is handed over through atomics, with no
+//!   lock while the threads are awake), work split per op into row units; ops below
 //!   a work threshold run on the calling thread only. Units are claimed in chunks from a
 //!   shared counter, except in the thin matrix products: there each thread owns one
 //!   contiguous range of weight rows and walks it in order, stealing from the back of the
@@ -115,8 +125,9 @@
 //! * **Memory**: all raw pointer work on tensor bytes is in one module (`mem`); kernels read
 //!   rows into per-thread f32 scratch and write results back, which makes in-place ops and
 //!   arbitrary strides correct. The only other `unsafe` code: the pool's lifetime-erased job
-//!   pointer (`pool`) and the SIMD loads from block slices (`quant`). Miri runs the test suite
-//!   with small shapes (the gemm path, which needs large shapes and SIMD, is skipped there).
+//!   pointer (`pool`) and the SIMD loads from block slices (`quant`, `qdot`, `qmv512`). Miri
+//!   runs the test suite with small shapes (the gemm path, which needs large shapes and SIMD,
+//!   is skipped there).
 //! * **Bad input** (unallocated or non-host tensors, out-of-range row indices, unsupported
 //!   nodes) gives a [`BackendError`], never a panic. Writing through a buffer over read-only
 //!   host memory is the buffer's business: this crate trusts `host_ptr`.
@@ -158,6 +169,8 @@ mod math;
 mod mem;
 mod pool;
 mod qdot;
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod qmv512;
 mod quant;
 mod sgemm;
 
@@ -468,6 +481,14 @@ fn run(
     Ok(ComputeStatus::Success)
 }
 
+/// Whether the rows of a quantized tensor are dense runs of whole blocks, which is what the
+/// block kernels read and write (`TView::row_bytes`). A permuted view can have a row length
+/// that is not a multiple of the block size; the kernels would then fill only the whole
+/// blocks and leave the rest of each row as stale scratch.
+fn block_rows(t: &graph::Tensor) -> bool {
+    t.is_contiguous_rows() && t.ne()[0] % t.ty().block_size() as i64 == 0
+}
+
 fn is_float(t: ElementType) -> bool {
     matches!(t, ElementType::F32 | ElementType::F16 | ElementType::BF16)
 }
@@ -546,7 +567,9 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
                         && t.ty() == f32_
                         && a.ne() == t.ne()
                         && pos.ty() == ElementType::I32
+                        // The kernel reads `pos[i2, 0, 0, 0]` for every `i2 < a.ne2`.
                         && pos.ne()[0] >= a.ne()[2]
+                        && pos.ne()[1..].iter().all(|&n| n > 0)
                         && (mode == graph::rope_mode::NORMAL || mode == graph::rope_mode::NEOX)
                         && n_dims > 0
                         && n_dims % 2 == 0
@@ -559,7 +582,7 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
             (Some(a), Some(r)) => {
                 let ok_src = match a.ty() {
                     ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
-                        a.is_contiguous_rows() && t.ty() == f32_
+                        block_rows(a) && t.ty() == f32_
                     }
                     ElementType::I32 => t.ty() == ElementType::I32,
                     ty => is_float(ty) && t.ty() == f32_,
@@ -576,9 +599,7 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
         Op::MulMat => match (src(0), src(1)) {
             (Some(a), Some(b)) => {
                 let ok_a = match a.ty() {
-                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => {
-                        a.is_contiguous_rows()
-                    }
+                    ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1 => block_rows(a),
                     ty => is_float(ty),
                 };
                 let (an, bn) = (a.ne(), b.ne());
@@ -606,7 +627,7 @@ pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
                         ElementType::Q8_0 | ElementType::Q4_0 | ElementType::Q4_1
                     )
                     && a.ne() == t.ne()
-                    && t.is_contiguous_rows()
+                    && block_rows(t)
             } else if from.is_quantized() {
                 false
             } else {

@@ -23,6 +23,89 @@ use half::{bf16, f16};
 /// Elements converted per stack chunk when loading or storing half-precision data.
 const CHUNK: usize = 256;
 
+/// `out[i] = f32(bits[i])` for the f16 values `bits` (exact): eight at a time with F16C
+/// where the CPU has it (the attention's f16 KV-cache rows go through here on every decode
+/// step; `half`'s slice conversion makes one out-of-line call per eight values).
+fn f16_to_f32(bits: &[u16], out: &mut [f32]) {
+    let n = bits.len().min(out.len());
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has F16C and AVX (checked just above).
+        unsafe { f16_to_f32_f16c(&bits[..n], &mut out[..n]) };
+        return;
+    }
+    let h: &[f16] = half::slice::HalfBitsSliceExt::reinterpret_cast(&bits[..n]);
+    h.convert_to_f32_slice(&mut out[..n]);
+}
+
+/// [`f16_to_f32`] with F16C; `bits` and `out` have the same length.
+///
+/// # Safety
+/// The CPU must have F16C and AVX.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f16_to_f32_f16c(bits: &[u16], out: &mut [f32]) {
+    use std::arch::x86_64::{_mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+    let mut o = out.chunks_exact_mut(8);
+    let mut b = bits.chunks_exact(8);
+    for (o, b) in (&mut o).zip(&mut b) {
+        // SAFETY: `b` holds eight u16 (16 bytes) and `o` eight f32 (32 bytes); both
+        // accesses are unaligned ones.
+        unsafe {
+            _mm256_storeu_ps(
+                o.as_mut_ptr(),
+                _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().cast())),
+            )
+        };
+    }
+    for (o, &b) in o.into_remainder().iter_mut().zip(b.remainder()) {
+        *o = f16::from_bits(b).to_f32();
+    }
+}
+
+/// `bits[i] = f16(data[i])`, rounded to nearest even: eight at a time with F16C where the
+/// CPU has it, the rest one by one (a decode step stores its V-cache column one element per
+/// row, where `half`'s slice conversion paid for a chunked copy each time).
+fn f32_to_f16(data: &[f32], bits: &mut [u16]) {
+    let n = bits.len().min(data.len());
+    let (data, bits) = (&data[..n], &mut bits[..n]);
+    let mut done = 0;
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if n >= 8
+        && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("avx")
+    {
+        // SAFETY: the CPU has F16C and AVX (checked just above).
+        done = unsafe { f32_to_f16_f16c(data, bits) };
+    }
+    for (b, &v) in bits[done..].iter_mut().zip(&data[done..]) {
+        *b = f16::from_f32(v).to_bits();
+    }
+}
+
+/// [`f32_to_f16`] with F16C for the leading multiple of eight; returns how many it did.
+///
+/// # Safety
+/// The CPU must have F16C and AVX.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f32_to_f16_f16c(data: &[f32], bits: &mut [u16]) -> usize {
+    use std::arch::x86_64::{
+        _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps,
+    };
+    let mut done = 0;
+    for (b, d) in bits.chunks_exact_mut(8).zip(data.chunks_exact(8)) {
+        // SAFETY: `d` holds eight f32 (32 bytes) and `b` eight u16 (16 bytes); both
+        // accesses are unaligned ones.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(d.as_ptr()));
+            _mm_storeu_si128(b.as_mut_ptr().cast(), h);
+        }
+        done += 8;
+    }
+    done
+}
+
 /// A resolved tensor: base pointer, span, type, extents and byte strides.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct TView {
@@ -145,10 +228,13 @@ impl TView {
         // which the graph's constructors check fits in `usize` (`graph::checked_nbytes`) and
         // `storage_ptr` checked lies in the buffer. The asserts are the kernels' contract
         // (shapes are validated by `supports_op` before a kernel runs): one firing is a bug.
+        // Plain types (block size 1) skip the divisions: this runs once per row of every
+        // kernel, and a decode step touches some 10^5 rows.
         let bs = self.ty.block_size();
-        let off = (i0 / bs) * self.nb[0] + i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3];
+        let blocks = |i: usize| if bs == 1 { i } else { i / bs };
+        let off = blocks(i0) * self.nb[0] + i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3];
         if n > 0 {
-            let last = off + ((n - 1) / bs) * self.nb[0] + self.ty.type_size();
+            let last = off + blocks(n - 1) * self.nb[0] + self.ty.type_size();
             assert!(
                 last <= self.len,
                 "row access outside tensor bytes (a kernel bug)"
@@ -198,8 +284,7 @@ impl TView {
                 // threads do not write these bytes during this op (module invariant).
                 let bits: &[u16] = unsafe { std::slice::from_raw_parts(p.cast::<u16>(), n) };
                 if self.ty == ElementType::F16 {
-                    let h: &[f16] = half::slice::HalfBitsSliceExt::reinterpret_cast(bits);
-                    h.convert_to_f32_slice(out);
+                    f16_to_f32(bits, out);
                 } else {
                     let h: &[bf16] = half::slice::HalfBitsSliceExt::reinterpret_cast(bits);
                     h.convert_to_f32_slice(out);
@@ -227,8 +312,7 @@ impl TView {
                         }
                     }
                     if self.ty == ElementType::F16 {
-                        let h: &[f16] = half::slice::HalfBitsSliceExt::reinterpret_cast(&bits[..m]);
-                        h.convert_to_f32_slice(chunk);
+                        f16_to_f32(&bits[..m], chunk);
                     } else {
                         let h: &[bf16] =
                             half::slice::HalfBitsSliceExt::reinterpret_cast(&bits[..m]);
@@ -268,9 +352,7 @@ impl TView {
                     let m = chunk.len();
                     let base = c * CHUNK;
                     if self.ty == ElementType::F16 {
-                        let h: &mut [f16] =
-                            half::slice::HalfBitsSliceExt::reinterpret_cast_mut(&mut bits[..m]);
-                        h.convert_from_f32_slice(chunk);
+                        f32_to_f16(chunk, &mut bits[..m]);
                     } else {
                         let h: &mut [bf16] =
                             half::slice::HalfBitsSliceExt::reinterpret_cast_mut(&mut bits[..m]);
@@ -346,6 +428,25 @@ impl TView {
         // rows); the memory is not written during the op (the executor checked that this
         // source does not overlap the destination), and lives as long as `self`'s buffer.
         unsafe { std::slice::from_raw_parts(self.at(off), len) }
+    }
+
+    /// The bytes of the `count` consecutive dense rows `i1 .. i1 + count` of matrix
+    /// `(i2, i3)`, from the first row's start to the last row's end (row `i1 + j` starts at
+    /// `j · nb[1]` and is `ty.row_size(ne[0])` bytes long); one bounds check for all of
+    /// them. Same rule as [`TView::row_bytes`].
+    pub fn rows_bytes(&self, i1: usize, count: usize, i2: usize, i3: usize) -> &[u8] {
+        assert!(
+            self.rows_contiguous() && count > 0 && i1 + count <= self.ne[1],
+            "rows_bytes outside the tensor or on strided rows (a kernel bug)"
+        );
+        let n = self.ne[0];
+        let first = self.offset_checked(0, i1, i2, i3, n);
+        let last = self.offset_checked(0, i1 + count - 1, i2, i3, n);
+        let len = last - first + self.ty.row_size(n);
+        // SAFETY: both the first and the last row lie inside the tensor (offset_checked), and
+        // rows in between lie between them (`nb[1] >= 0`, offsets grow with `i1`); otherwise
+        // as in row_bytes.
+        unsafe { std::slice::from_raw_parts(self.at(first), len) }
     }
 
     /// Row `(i1, i2, i3)` as f32s when the tensor is F32 with dense, aligned rows. Same rule
@@ -624,5 +725,51 @@ pub(crate) fn gemm_f32(
             false,
             gemm::Parallelism::None,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slice conversions give `half`'s scalar conversions' bits for every length (the
+    /// F16C part and the element-by-element rest), ties, subnormals, infinities and NaN.
+    #[test]
+    fn half_slice_conversions_match_scalar_ones() {
+        let mut vals: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            65504.0,
+            65520.0,
+            1e-8,
+            -6e-8,
+            3e-5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(0x3f80_1000), // a tie at f16 precision
+            f32::from_bits(0x3f80_3000),
+            f32::MAX,
+        ];
+        vals.extend((0..40).map(|i| (i as f32 - 17.3) * 0.731));
+        for n in 0..vals.len() {
+            let mut bits = vec![0u16; n];
+            f32_to_f16(&vals[..n], &mut bits);
+            for (b, &v) in bits.iter().zip(&vals) {
+                assert_eq!(*b, f16::from_f32(v).to_bits(), "{v}");
+            }
+            let mut back = vec![0.0f32; n];
+            f16_to_f32(&bits, &mut back);
+            for (x, &b) in back.iter().zip(&bits) {
+                assert_eq!(x.to_bits(), f16::from_bits(b).to_f32().to_bits());
+            }
+        }
+        let mut nan = [0u16; 9];
+        f32_to_f16(&[f32::NAN; 9], &mut nan);
+        assert!(nan.iter().all(|&b| f16::from_bits(b).is_nan()));
+        let mut back = [0.0f32; 9];
+        f16_to_f32(&nan, &mut back);
+        assert!(back.iter().all(|x| x.is_nan()));
     }
 }

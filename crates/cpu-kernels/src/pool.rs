@@ -18,12 +18,20 @@
 //! it to wake up, which on a loaded machine (the worker descheduled, or asleep) saved most of
 //! the hand-off cost of a small op.
 //!
-//! The job is a borrowed closure. Workers receive it with its lifetime erased; this is sound
-//! because [`Pool::run`] does not return (or unwind) before every worker has finished with it.
+//! The job is a borrowed closure. Workers reach it through a pointer with its lifetime
+//! erased; this is sound because [`Pool::run`] does not return (or unwind) before every
+//! worker that took a seat in the job has finished with it.
+//!
+//! Handing a job over takes no lock while the threads are awake: the caller publishes the
+//! job, sets the seats and bumps an epoch counter; a worker polling the epoch takes its seat
+//! (one atomic swap) and runs; the last one to finish counts `remaining` down to zero, which
+//! the caller polls. The mutex and the two condition variables are only for going to sleep
+//! and waking up (a decode step hands some 300 jobs a step to its worker, a few
+//! microseconds apart).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,33 +39,34 @@ use parking_lot::{Condvar, Mutex};
 
 type Job = dyn Fn(usize) + Sync;
 
-/// A job pointer with its lifetime erased (see the module docs for why that is sound).
-#[derive(Copy, Clone)]
-struct JobPtr(*const Job);
-
-// SAFETY: the pointee is `Sync` (a `dyn Fn + Sync`), so calling it from several threads is
-// fine; the pointer itself is only dereferenced while `Pool::run` keeps the closure alive.
-unsafe impl Send for JobPtr {}
-
-struct Slot {
-    job: Option<JobPtr>,
-    n: usize,
-    epoch: u64,
-    shutdown: bool,
-}
+/// A value on a cache line of its own: the epoch that idle workers poll is not on the line
+/// that finishing workers write.
+#[repr(align(64))]
+struct Line<T>(T);
 
 struct Shared {
-    slot: Mutex<Slot>,
-    work: Condvar,
-    done: Condvar,
-    epoch: AtomicU64,
-    remaining: AtomicUsize,
+    /// The current job: the address of the caller's `&Job` (a thin pointer to the fat one, on
+    /// [`Pool::run`]'s stack), read by a worker only after it took its seat.
+    job: AtomicPtr<()>,
+    /// Bumped once per job, after the job, `remaining` and the seats are in place.
+    epoch: Line<AtomicU64>,
+    /// Seated workers that have not finished the current job.
+    remaining: Line<AtomicUsize>,
     /// `seats[i]`: worker `i` may still start the current job. Set when the job is
     /// published; taken (swapped to `false`) by the worker as it starts, or by the caller
     /// once its own call has returned, whichever comes first; the one that takes it owns
     /// the worker's decrement of `remaining`.
     seats: Box<[AtomicBool]>,
     panicked: AtomicBool,
+    shutdown: AtomicBool,
+    /// Only for sleeping: idle workers wait on `work`, the caller on `done`.
+    lock: Mutex<()>,
+    work: Condvar,
+    done: Condvar,
+    /// Workers asleep on `work` (or about to be): the caller takes the lock to wake them.
+    sleepers: AtomicUsize,
+    /// The caller is asleep on `done` (or about to be): the last worker wakes it.
+    waiting: AtomicBool,
 }
 
 /// How long a thread polls (with `spin_loop`) before it starts yielding its core.
@@ -112,18 +121,17 @@ impl Pool {
     pub fn new(n_threads: usize) -> Pool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            slot: Mutex::new(Slot {
-                job: None,
-                n: 0,
-                epoch: 0,
-                shutdown: false,
-            }),
-            work: Condvar::new(),
-            done: Condvar::new(),
-            epoch: AtomicU64::new(0),
-            remaining: AtomicUsize::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            epoch: Line(AtomicU64::new(0)),
+            remaining: Line(AtomicUsize::new(0)),
             seats: (0..n_threads).map(|_| AtomicBool::new(false)).collect(),
             panicked: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+            waiting: AtomicBool::new(false),
         });
         let mut handles = Vec::with_capacity(n_threads - 1);
         for ith in 1..n_threads {
@@ -158,87 +166,99 @@ impl Pool {
     /// `f` must share its work out: any one call completes whatever work the others have not
     /// claimed. A worker that has not started `f` when `f(0)` returns is then skipped (its
     /// call would find nothing left), so not every `f(ith)` for `ith > 0` runs.
+    ///
+    /// Publishing a job and waiting for it take no lock while the workers are awake (a few
+    /// atomic operations each way); the lock and condition variables only put threads to
+    /// sleep and wake them.
     pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         let n = n.clamp(1, self.n_threads);
         if n == 1 {
             f(0);
             return;
         }
-        // SAFETY: only the lifetime is erased (same fat-pointer layout). The pointer is
-        // cleared from the slot and every worker has finished calling it before this function
-        // returns or unwinds (the wait below runs unconditionally, f(0)'s panic is caught).
-        let job: *const Job =
-            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Job>(f) };
-        {
-            let mut s = self.shared.slot.lock();
-            s.job = Some(JobPtr(job));
-            s.n = n;
-            s.epoch += 1;
-            for seat in &self.shared.seats[1..n] {
-                seat.store(true, Ordering::Relaxed);
-            }
-            self.shared.remaining.store(n - 1, Ordering::Release);
-            self.shared.epoch.store(s.epoch, Ordering::Release);
+        let sh = &*self.shared;
+        // Workers reach the closure through this reference on our stack. It outlives every
+        // use: a worker dereferences it only while holding a seat of this job, and we do not
+        // return (or unwind) before `remaining` says every seated worker has finished (the
+        // wait below runs unconditionally, f(0)'s panic is caught).
+        let job: &(dyn Fn(usize) + Sync) = f;
+        sh.job
+            .store((&raw const job).cast::<()>().cast_mut(), Ordering::Relaxed);
+        sh.remaining.0.store(n - 1, Ordering::Relaxed);
+        // Release: a worker that takes its seat sees the job and `remaining` above.
+        for seat in &sh.seats[1..n] {
+            seat.store(true, Ordering::Release);
         }
-        self.shared.work.notify_all();
+        // SeqCst, with the `sleepers` load: either a worker going to sleep sees the new
+        // epoch, or we see it and wake it.
+        sh.epoch.0.fetch_add(1, Ordering::SeqCst);
+        if sh.sleepers.load(Ordering::SeqCst) != 0 {
+            let _g = sh.lock.lock();
+            sh.work.notify_all();
+        }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
         // Take back the seats of workers that have not started: the work is all claimed.
-        for seat in &self.shared.seats[1..n] {
+        for seat in &sh.seats[1..n] {
             if seat.swap(false, Ordering::AcqRel) {
-                self.shared.remaining.fetch_sub(1, Ordering::AcqRel);
+                sh.remaining.0.fetch_sub(1, Ordering::AcqRel);
             }
         }
         // Wait for the workers: poll briefly, then sleep.
-        poll(|| self.shared.remaining.load(Ordering::Acquire) == 0);
-        {
-            let mut s = self.shared.slot.lock();
-            while self.shared.remaining.load(Ordering::Acquire) != 0 {
-                self.shared.done.wait(&mut s);
+        if !poll(|| sh.remaining.0.load(Ordering::Acquire) == 0) {
+            let mut g = sh.lock.lock();
+            // SeqCst, with the last worker's decrement and `waiting` load: either we see
+            // `remaining` at zero, or it sees us waiting (and takes the lock, which we hold
+            // until we sleep, to wake us).
+            sh.waiting.store(true, Ordering::SeqCst);
+            while sh.remaining.0.load(Ordering::SeqCst) != 0 {
+                sh.done.wait(&mut g);
             }
-            s.job = None;
+            sh.waiting.store(false, Ordering::Relaxed);
         }
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
         }
-        if self.shared.panicked.swap(false, Ordering::AcqRel) {
+        if sh.panicked.swap(false, Ordering::AcqRel) {
             panic!("a cpu-kernels worker panicked (a kernel bug)");
         }
     }
 }
 
 fn worker(sh: Arc<Shared>, ith: usize) {
-    let mut seen = 0u64;
+    let mut seen = sh.epoch.0.load(Ordering::Acquire);
     loop {
-        poll(|| sh.epoch.load(Ordering::Acquire) != seen);
-        let (job, seated) = {
-            let mut s = sh.slot.lock();
-            while s.epoch == seen && !s.shutdown {
-                sh.work.wait(&mut s);
+        let ready =
+            || sh.epoch.0.load(Ordering::Acquire) != seen || sh.shutdown.load(Ordering::Relaxed);
+        if !poll(ready) {
+            let mut g = sh.lock.lock();
+            // SeqCst, with the caller's epoch bump and `sleepers` load (see `Pool::run`).
+            sh.sleepers.fetch_add(1, Ordering::SeqCst);
+            while sh.epoch.0.load(Ordering::SeqCst) == seen && !sh.shutdown.load(Ordering::SeqCst) {
+                sh.work.wait(&mut g);
             }
-            if s.shutdown {
-                return;
-            }
-            seen = s.epoch;
-            // Take our seat while holding the lock, so that the job read above is the one
-            // the seat was set for (the next job is published under this lock).
-            let seated = s.n > ith && sh.seats[ith].swap(false, Ordering::AcqRel);
-            (s.job, seated)
-        };
-        if !seated {
+            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        if sh.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        seen = sh.epoch.0.load(Ordering::Acquire);
+        // Acquire: the seat was set after the job and `remaining` were published. The seat
+        // may be that of a later job than `seen` (the caller may have taken this one back
+        // and published the next): the job read below is then that later one, for which the
+        // seat was set.
+        if !sh.seats[ith].swap(false, Ordering::AcqRel) {
             // Not in this job, or the caller finished it before we started.
             continue;
         }
-        if let Some(JobPtr(p)) = job {
-            // SAFETY: `Pool::run` published this pointer for the current epoch; we hold its
-            // seat, so it waits for `remaining` to reach zero (our decrement below) before the
-            // closure goes away.
-            let f = unsafe { &*p };
-            if catch_unwind(AssertUnwindSafe(|| f(ith))).is_err() {
-                sh.panicked.store(true, Ordering::Release);
-            }
+        let job = sh.job.load(Ordering::Acquire).cast_const().cast::<&Job>();
+        // SAFETY: `Pool::run` stored the address of its `&Job` before setting our seat and
+        // keeps both alive until `remaining` reaches zero, which needs our decrement below.
+        let f: &Job = unsafe { *job };
+        if catch_unwind(AssertUnwindSafe(|| f(ith))).is_err() {
+            sh.panicked.store(true, Ordering::Release);
         }
-        if sh.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _s = sh.slot.lock();
+        if sh.remaining.0.fetch_sub(1, Ordering::SeqCst) == 1 && sh.waiting.load(Ordering::SeqCst) {
+            let _g = sh.lock.lock();
             sh.done.notify_all();
         }
     }
@@ -246,11 +266,11 @@ fn worker(sh: Arc<Shared>, ith: usize) {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
         {
-            let mut s = self.shared.slot.lock();
-            s.shutdown = true;
+            let _g = self.shared.lock.lock();
+            self.shared.work.notify_all();
         }
-        self.shared.work.notify_all();
         for h in self.handles.drain(..) {
             let _ = h.join();
         }

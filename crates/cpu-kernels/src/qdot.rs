@@ -22,6 +22,10 @@
 //! at every level), so every instruction-set level gives the same bits, and a result depends
 //! only on its weight row and its column, never on the thread count or on how rows and
 //! columns are grouped into kernel calls.
+//!
+//! Indexing: blocks are `chunks_exact` pieces of the block size (constant offsets inside a
+//! block are in bounds), and [`dot_rows`] and [`quantize_col`] assert their slices' block
+//! counts once at entry.
 
 use half::f16;
 
@@ -117,14 +121,36 @@ fn cvt_i32(v: f32) -> i32 {
 /// Quantize `x` (a multiple of 32 long) by ggml's x86 rule (module docs) into the packed
 /// column layout: `nb · 32` quants, `nb` f32 scales, `nb` f32 sums.
 ///
-/// Portable code only: one column is a few hundred to a few thousand floats, quantized
-/// once per product, so this is a small serial part even of a decode step.
+/// Portable code, compiled a second time with AVX2 enabled where the CPU has it (so that
+/// rounding is one instruction instead of a libm `rintf` call per element, and the block
+/// loops vectorise): the same operations, so the same bytes.
 pub(crate) fn quantize_col(x: &[f32], out: &mut [u8]) {
-    let nb = x.len() / QK;
     assert!(
         out.len() >= col_bytes(x.len()),
         "quantize_col: short output (a kernel bug)"
     );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if x86::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        return unsafe { quantize_col_avx2(x, out) };
+    }
+    quantize_col_body(x, out);
+}
+
+/// [`quantize_col`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_col_avx2(x: &[f32], out: &mut [u8]) {
+    quantize_col_body(x, out);
+}
+
+/// The body of [`quantize_col`] (`out` at least `col_bytes(x.len())` long).
+#[inline(always)]
+fn quantize_col_body(x: &[f32], out: &mut [u8]) {
+    let nb = x.len() / QK;
     let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
     let (ds, ss) = rest.split_at_mut(nb * 4);
     for (b, (xb, q)) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).enumerate() {
@@ -246,6 +272,23 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
         "qdot::dot_rows: short row or column (a kernel bug)"
     );
     match isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        crate::quant::Isa::Avx512
+            if R == crate::qmv512::ROWS && NC == 1 && crate::qmv512::available() =>
+        {
+            // Eight rows, one column (a decode step): the AVX-512 kernel, same bits.
+            let rs: [&[u8]; crate::qmv512::ROWS] = std::array::from_fn(|i| rows[i]);
+            // SAFETY: the CPU has the kernel's features (checked in the guard); every row
+            // holds `nb` blocks of `kind` and the column is a packed column of `nb` blocks
+            // (asserted above).
+            let d = unsafe {
+                match kind {
+                    WeightKind::Q4_1 => crate::qmv512::q4_1_rows8(rs, cols[0], nb, prefetch),
+                    WeightKind::Q8_0 => crate::qmv512::q8_0_rows8(rs, cols[0], nb, prefetch),
+                }
+            };
+            std::array::from_fn(|_| std::array::from_fn(|i| d[i]))
+        }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         crate::quant::Isa::Avx2 | crate::quant::Isa::Avx512 if x86::available() => {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked in the guard); every row holds

@@ -5,6 +5,11 @@
 //! a `q4_0` block is an f16 scale `d` then 16 bytes whose low nibbles are elements 0..16 and
 //! high nibbles elements 16..32, value `(q − 8) · d`. Safe code over byte slices; the
 //! quantizers follow ggml's reference rounding so files written by either agree.
+//!
+//! Indexing: blocks are taken with `chunks_exact` of the block size, so the constant offsets
+//! inside a block are in bounds by construction; slice lengths come from the executor, which
+//! sizes them from shapes `supports_op` validated (rows of whole blocks), and each dot entry
+//! point asserts them once, not per element.
 
 use half::f16;
 

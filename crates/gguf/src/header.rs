@@ -55,6 +55,7 @@ impl Header {
         let magic: [u8; 4] = match r.take(4, "magic") {
             Ok(m) => m.try_into().unwrap_or([0; 4]),
             Err(_) => {
+                // `take(4)` failed: fewer than 4 bytes.
                 let mut found = [0u8; 4];
                 found[..bytes.len()].copy_from_slice(bytes);
                 return Err(GgufError::BadMagic { found });

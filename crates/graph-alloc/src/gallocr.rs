@@ -193,6 +193,8 @@ impl Records {
         }
     }
 
+    /// `table` holds the context's tensors (`begin(ctx.len())`), and every id passed here was
+    /// looked up with `ctx.get` first.
     #[inline]
     fn get(&mut self, id: TensorId) -> &mut Record {
         let epoch = self.epoch;
@@ -922,8 +924,12 @@ impl GraphAllocator {
                 self.allocate_node(ctx, node, node_id(i))?;
             }
             for s in t.srcs_used().iter().flatten() {
+                // Looked up before its record is indexed: a source rewired with `set_src` and
+                // then rewound away has an index past the table. Phase 3 walks the same
+                // sources, checked here.
+                let input = ctx.get(*s)?.flags().contains(TensorFlags::INPUT);
                 self.records.get(*s).n_children += 1;
-                if ctx.get(*s)?.flags().contains(TensorFlags::INPUT) {
+                if input {
                     self.allocate_node(ctx, *s, node_id(i))?;
                 }
             }

@@ -177,3 +177,29 @@ fn linear_allocator_out_of_space_then_continues() {
         AllocError::MultiBuffer
     );
 }
+
+/// A node whose source was rewired (`set_src`) to a tensor that a rewind then removed: the
+/// source's id is stale and its index past the context's end. Planning is a typed error (the
+/// per-tensor records were indexed by it before it was looked up), and the allocator then
+/// plans the repaired graph.
+#[test]
+fn a_source_rewound_away_is_a_typed_error() {
+    let mut galloc = GraphAllocator::new(&[FakeBufferType::new("cpu", 32).into_buffer_type()]);
+    let mut ctx = Context::new();
+    let (g, ts) = chain(&mut ctx, 8);
+    let mark = ctx.checkpoint();
+    let extra = ctx.new_tensor_1d(F32, 8).unwrap();
+    let (_, _) = (
+        ctx.new_tensor_1d(F32, 8).unwrap(),
+        ctx.new_tensor_1d(F32, 8).unwrap(),
+    );
+    ctx.set_src(ts[2], 0, Some(extra)).unwrap();
+    ctx.rewind(mark);
+    let e = galloc.alloc_graph(&mut ctx, &g).unwrap_err();
+    assert!(
+        matches!(e, AllocError::Graph(graph::GraphError::StaleId(id)) if id == extra),
+        "{e}"
+    );
+    ctx.set_src(ts[2], 0, Some(ts[1])).unwrap();
+    galloc.alloc_graph(&mut ctx, &g).unwrap();
+}

@@ -29,9 +29,9 @@ pub struct NodeComparison<'a> {
 }
 
 impl NodeComparison<'_> {
-    /// The node's op.
+    /// The node's op (`Op::None` when `ctx1` does not hold `id`: the fields are public).
     pub fn op(&self) -> Op {
-        self.ctx1[self.id].op()
+        self.ctx1.get(self.id).map_or(Op::None, |t| t.op())
     }
 }
 

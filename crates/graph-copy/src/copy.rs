@@ -157,7 +157,20 @@ pub fn graph_copy_with(
         guard_offsets.push((0, None));
         size = gb;
     }
+    // The guard size is the caller's and tensor sizes add up: checked, an overflow is the
+    // allocation failure it would be.
+    let overflow = || GraphCopyError::Allocation {
+        buffer_type: buft.name().to_owned(),
+        size: usize::MAX,
+        source: BackendError::failed(buft.name(), "the copy's size overflows usize"),
+    };
+    let after = |at: usize, n: usize| {
+        at.checked_next_multiple_of(align)
+            .and_then(|s| Some((s, s.checked_add(n)?)))
+            .ok_or_else(overflow)
+    };
     for &id in &copied {
+        // `copied` holds ids `reachable` looked up in `ctx`.
         let t = &ctx[id];
         if !t.has_storage() {
             return Err(GraphCopyError::NotAllocated(id));
@@ -165,13 +178,13 @@ pub fn graph_copy_with(
         if t.is_view() {
             continue;
         }
-        let start = size.next_multiple_of(align);
+        let (start, end) = after(size, buft.alloc_size(t))?;
         offsets.push((id, start));
-        size = start + buft.alloc_size(t);
+        size = end;
         if gb > 0 {
-            let g = size.next_multiple_of(align);
+            let (g, end) = after(size, gb)?;
             guard_offsets.push((g, Some(id)));
-            size = g + gb;
+            size = end;
         }
     }
     let buffer = buft

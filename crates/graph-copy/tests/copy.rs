@@ -228,3 +228,44 @@ fn guards_surround_every_copied_tensor_and_catch_overwrites() {
     // Re-armed: no damage left.
     assert!(copy.check_guards().unwrap().is_empty());
 }
+
+/// Regression: the guard size is the caller's, and the layout added it unchecked (a debug
+/// build panicked on an overflowing size). Past `usize` it is the allocation failure it
+/// would be, and a sane guard then works.
+#[test]
+fn a_guard_size_past_usize_is_a_typed_error() {
+    let dev = TestDevice::create(TestDeviceConfig::named("G").alignment(64)).unwrap();
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_1d(ElementType::F32, 12).unwrap();
+    let y = ctx.sqr(x).unwrap();
+    let mut g = Graph::new(4);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let buf = dev.buffer_type().alloc_buffer(256).unwrap();
+    tensor_alloc(&mut ctx, &buf, x, 0).unwrap();
+    tensor_alloc(&mut ctx, &buf, y, 64).unwrap();
+    for guard_bytes in [usize::MAX, usize::MAX - 64, usize::MAX / 2] {
+        let opts = graph_copy::CopyOptions { guard_bytes };
+        let e = graph_copy::graph_copy_with(&ctx, &g, &dev.buffer_type(), &opts).unwrap_err();
+        assert!(matches!(e, GraphCopyError::Allocation { .. }), "{e}");
+    }
+    let opts = graph_copy::CopyOptions { guard_bytes: 64 };
+    graph_copy::graph_copy_with(&ctx, &g, &dev.buffer_type(), &opts).unwrap();
+}
+
+/// Regression: `NodeComparison`'s fields are public, and `op` indexed its context by its id.
+#[test]
+fn a_node_comparison_of_a_foreign_id_has_no_op() {
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let y = ctx.sqr(x).unwrap();
+    let empty = Context::new();
+    let c = graph_copy::NodeComparison {
+        index: 0,
+        id: y,
+        ctx1: &empty,
+        ctx2: &ctx,
+    };
+    assert_eq!(c.op(), graph::Op::None);
+    let c = graph_copy::NodeComparison { ctx1: &ctx, ..c };
+    assert_eq!(c.op(), graph::Op::Sqr);
+}

@@ -274,6 +274,10 @@ pub const MAX_OP_PARAMS: usize = 16;
 
 /// ggml's raw operator parameter block: 16 × i32, floats by bit pattern.
 ///
+/// The accessors index the array: a slot past [`MAX_OP_PARAMS`] (for the u64 pair, past
+/// `MAX_OP_PARAMS - 1`) panics, as indexing `.0` would; ops use fixed slots (constants in the
+/// library), and `.0.get(i)` is the checked form.
+///
 /// ```
 /// use graph::OpParams;
 /// let mut p = OpParams::default();

@@ -272,8 +272,10 @@ impl Tensor {
         self.flags
     }
     /// Source slot `i` (slots may be empty anywhere; never stop at the first empty one).
+    /// A slot past [`MAX_SRC`] is empty.
+    #[inline]
     pub fn src(&self, i: usize) -> Option<TensorId> {
-        self.src[i]
+        self.src.get(i).copied().flatten()
     }
     /// All source slots.
     #[inline]

@@ -388,6 +388,19 @@ fn set_src_refuses_a_slot_past_the_last() {
     assert_eq!(ctx[b].srcs_used().len(), 1);
 }
 
+/// Regression: `Tensor::src` indexed its slot unchecked although it returns an `Option` (and
+/// with it `sched::Scheduler::effective_src`): a slot past the last is empty.
+#[test]
+fn src_past_the_last_slot_is_empty() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(ElementType::F32, 4).unwrap();
+    let b = ctx.sqr(a).unwrap();
+    for slot in [graph::MAX_SRC, graph::MAX_SRC + 1, usize::MAX] {
+        assert_eq!(ctx[b].src(slot), None);
+    }
+    assert_eq!(ctx[b].src(0), Some(a));
+}
+
 /// Regression: `view_2d` with a row stride near `usize::MAX` was accepted with a byte size
 /// that wrapped to 0, and the CPU kernel's row check fired later.
 #[test]

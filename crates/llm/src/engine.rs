@@ -166,7 +166,7 @@ impl Llama {
         let cpu_device = backend_cpu::cpu_device();
         let cpu = cpu_device.init_backend(&format!("n_threads={threads}"))?;
         let first = n_layer - offload;
-        let offloaded = weights.layer_tensors(first..n_layer);
+        let offloaded = weights.layer_tensors(first..n_layer)?;
         let file_buffer = LlamaWeights::file_buffer(file, &cpu_device)?;
         let mapped = weights.place_in_file_buffer(&mut ctx, file, &file_buffer, &offloaded)?;
         let mut buffers = vec![file_buffer];
@@ -185,7 +185,7 @@ impl Llama {
                     continue;
                 }
                 let layers = first + run.start..first + run.end;
-                let ids = weights.layer_tensors(layers.clone());
+                let ids = weights.layer_tensors(layers.clone())?;
                 let backend = device.init_backend("")?;
                 let buft = device.buffer_type();
                 let buf = weights.place_copied(&mut ctx, file, &buft, &ids)?;
@@ -434,6 +434,34 @@ impl Llama {
 
     /// The scheduler's plan of the next single-token step, in the `GGML_SCHED_DEBUG` layout.
     pub fn plan(&mut self, level: u32) -> Result<String> {
+        self.plan_next_step()?;
+        let mut out = String::new();
+        self.sched
+            .write_layout(&self.ctx, &self.graph, level, &mut out);
+        Ok(out)
+    }
+
+    /// The scheduler's plan of the next single-token step as Graphviz DOT
+    /// ([`sched::dot::write_dot`]: splits as clusters, tensors coloured by backend, weights and
+    /// KV cache shaped apart), headed by `title`; render it with [`sched::dot::render`].
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let file = llm::open_gguf(&llm::find_model(None)?)?;
+    /// let mut model = llm::Llama::new(&file, llm::LlamaOptions::default())?;
+    /// let dot = model.plan_dot("SmolLM2 decode step")?;
+    /// sched::dot::render(&dot, std::path::Path::new("plan.svg"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn plan_dot(&mut self, title: &str) -> Result<String> {
+        self.plan_next_step()?;
+        let mut out = String::new();
+        sched::dot::write_dot(&self.sched, &self.ctx, &self.graph, title, &mut out);
+        Ok(out)
+    }
+
+    /// Build and place the graph of the next single-token step without computing it.
+    fn plan_next_step(&mut self) -> Result<()> {
         let shape = StepShape {
             n_tokens: 1,
             kv_head: self.cache.used().min(self.cache.size() - 1),
@@ -442,10 +470,26 @@ impl Llama {
         self.build(shape)?;
         self.sched.reset();
         self.sched.alloc_graph(&mut self.ctx, &self.graph)?;
-        let mut out = String::new();
+        Ok(())
+    }
+
+    /// Install or remove the scheduler's trace sink ([`sched::trace`]): every later step
+    /// reports its input copies, event waits and split computes to it, one track per backend
+    /// ([`Llama::backend_names`]). Returns the sink replaced.
+    pub fn set_trace_sink(
+        &mut self,
+        sink: Option<Box<dyn sched::trace::TraceSink>>,
+    ) -> Option<Box<dyn sched::trace::TraceSink>> {
+        self.sched.set_trace_sink(sink)
+    }
+
+    /// Names of the scheduler's backends, in its order (the tracks of a trace).
+    pub fn backend_names(&self) -> Vec<String> {
         self.sched
-            .write_layout(&self.ctx, &self.graph, level, &mut out);
-        Ok(out)
+            .backends()
+            .iter()
+            .map(|b| b.name().to_owned())
+            .collect()
     }
 
     /// Splits of the last planned graph.

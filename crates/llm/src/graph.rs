@@ -165,18 +165,22 @@ pub fn build_step(
         name(k, ctx, format_args!("Kcur-{l}"))?;
 
         // Store this step's keys and values in their cells before attention reads them.
-        let k_cells = ctx.view_1d(cache.k(l), n * n_embd_kv as i64, s.kv_head * n_embd_kv * es)?;
+        let k_cells = ctx.view_1d(
+            cache.k(l)?,
+            n * n_embd_kv as i64,
+            s.kv_head * n_embd_kv * es,
+        )?;
         let k_store = ctx.cpy(k, k_cells)?;
         graph.build_forward_expand(ctx, k_store)?;
         let vt = ctx.transpose(v)?;
-        let v_cells = ctx.view_2d(cache.v(l), n, n_embd_kv as i64, n_ctx * es, s.kv_head * es)?;
+        let v_cells = ctx.view_2d(cache.v(l)?, n, n_embd_kv as i64, n_ctx * es, s.kv_head * es)?;
         let v_store = ctx.cpy(vt, v_cells)?;
         graph.build_forward_expand(ctx, v_store)?;
 
         // Attention over the visible cells.
         let qp = ctx.permute(q, [0, 2, 1, 3])?;
         let kview = ctx.view_3d(
-            cache.k(l),
+            cache.k(l)?,
             hd,
             n_kv,
             n_head_kv,
@@ -187,7 +191,7 @@ pub fn build_step(
         let kq = ctx.mul_mat(kview, qp)?;
         let kq = ctx.soft_max_ext(kq, Some(mask), hp.attn_scale(), 0.0)?;
         let vview = ctx.view_3d(
-            cache.v(l),
+            cache.v(l)?,
             n_kv,
             hd,
             n_head_kv,

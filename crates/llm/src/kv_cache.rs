@@ -31,8 +31,9 @@ pub const N_KV_PAD: usize = 256;
 /// let mut ctx = Context::new();
 /// let cpu = backend_cpu::cpu_device().buffer_type();
 /// let cache = KvCache::new(&mut ctx, &hp, 512, &vec![cpu; hp.n_layer])?;
-/// assert_eq!(ctx[cache.k(0)].ne(), [192, 512, 1, 1]); // keys: one cell per column
-/// assert_eq!(ctx[cache.v(0)].ne(), [512, 192, 1, 1]); // values: transposed
+/// assert_eq!(ctx[cache.k(0)?].ne(), [192, 512, 1, 1]); // keys: one cell per column
+/// assert_eq!(ctx[cache.v(0)?].ne(), [512, 192, 1, 1]); // values: transposed
+/// assert!(cache.k(hp.n_layer).is_err()); // no such block
 /// assert_eq!(cache.n_kv(31), 256); // a 31-token prompt attends over 256 (padded) cells
 /// assert!(cache.check_room(513).is_err());
 /// # Ok::<(), llm::LlmError>(())
@@ -137,14 +138,22 @@ impl KvCache {
         self.used
     }
 
-    /// Key cache of block `l`, `[n_embd_kv, n_ctx]` F16.
-    pub fn k(&self, l: usize) -> TensorId {
-        self.k[l]
+    /// Key cache of block `l`, `[n_embd_kv, n_ctx]` F16 (`InvalidOption` past the last block).
+    pub fn k(&self, l: usize) -> Result<TensorId> {
+        self.k.get(l).copied().ok_or_else(|| self.no_block(l))
     }
 
-    /// Value cache of block `l`, transposed: `[n_ctx, n_embd_kv]` F16.
-    pub fn v(&self, l: usize) -> TensorId {
-        self.v[l]
+    /// Value cache of block `l`, transposed: `[n_ctx, n_embd_kv]` F16 (`InvalidOption` past
+    /// the last block).
+    pub fn v(&self, l: usize) -> Result<TensorId> {
+        self.v.get(l).copied().ok_or_else(|| self.no_block(l))
+    }
+
+    fn no_block(&self, l: usize) -> LlmError {
+        LlmError::InvalidOption(format!(
+            "block {l} of a KV cache of {} blocks",
+            self.k.len()
+        ))
     }
 
     /// Blocks the cache has room for.

@@ -205,12 +205,15 @@ impl LlamaWeights {
         self.output == self.tok_embd
     }
 
-    /// The weights of blocks `range`.
-    pub fn layer_tensors(&self, range: std::ops::Range<usize>) -> Vec<TensorId> {
-        self.layers[range]
-            .iter()
-            .flat_map(LayerWeights::all)
-            .collect()
+    /// The weights of blocks `range` (`InvalidOption` when it is not inside the blocks).
+    pub fn layer_tensors(&self, range: std::ops::Range<usize>) -> Result<Vec<TensorId>> {
+        let blocks = self.layers.get(range.clone()).ok_or_else(|| {
+            LlmError::InvalidOption(format!(
+                "blocks {range:?} of a model of {} blocks",
+                self.layers.len()
+            ))
+        })?;
+        Ok(blocks.iter().flat_map(LayerWeights::all).collect())
     }
 
     /// A buffer over the file's whole data section on `device` (the CPU), usage weights.

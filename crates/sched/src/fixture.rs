@@ -664,9 +664,13 @@ impl GraphFile {
             let mut offsets = Vec::with_capacity(ids.len());
             let mut size = 0usize;
             for &id in ids {
-                size = size.next_multiple_of(align);
+                let overflow =
+                    || invalid(format!("the tensors of buffer {bname:?} overflow usize"));
+                size = size.checked_next_multiple_of(align).ok_or_else(overflow)?;
                 offsets.push(size);
-                size += buft.alloc_size(&ctx[id]);
+                size = size
+                    .checked_add(buft.alloc_size(&ctx[id]))
+                    .ok_or_else(overflow)?;
             }
             let buf = buft.alloc_buffer(size)?;
             buf.set_usage(*usage);
@@ -685,6 +689,7 @@ impl GraphFile {
             names.insert(t.name.clone(), id);
         }
         for t in &self.tensors {
+            // every tensor of the file was named by one of the two loops above
             let id = names[&t.name];
             for f in &t.flags {
                 match f.as_str() {

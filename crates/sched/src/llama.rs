@@ -33,7 +33,8 @@ pub struct LlamaConfig {
     pub wtype: String,
     /// Buffer of the token embeddings.
     pub embd_buffer: String,
-    /// Buffer of each layer's weights and cache.
+    /// Buffer of each layer's weights and cache (layers past the end of the list: the
+    /// embeddings' buffer).
     pub layer_buffers: Vec<String>,
     /// Buffer of the output norm and projection.
     pub output_buffer: String,
@@ -91,7 +92,7 @@ impl LlamaConfig {
             output_buffer: "CPU".into(),
             cache_buffers: None,
             backends: vec![BackendSpec::cpu("CPU")],
-            graph_size: (n_layer * 40 + 64).max(2048),
+            graph_size: n_layer.saturating_mul(40).saturating_add(64).max(2048),
             parallel: false,
         }
     }
@@ -103,9 +104,13 @@ impl LlamaConfig {
         if !self.backends.iter().any(|b| b.name == gpu) {
             self.backends.insert(0, BackendSpec::gpu(gpu));
         }
+        if self.layer_buffers.len() < self.n_layer {
+            self.layer_buffers
+                .resize(self.n_layer, self.embd_buffer.clone());
+        }
         let first = self.n_layer.saturating_sub(n_gpu);
-        for il in first..self.n_layer {
-            self.layer_buffers[il] = gpu.into();
+        for b in &mut self.layer_buffers[first..self.n_layer] {
+            *b = gpu.into();
         }
         if n_gpu > self.n_layer {
             self.output_buffer = gpu.into();
@@ -113,18 +118,25 @@ impl LlamaConfig {
         self
     }
 
-    /// The graph file.
+    /// Buffer of layer `il`'s weights (see [`LlamaConfig::layer_buffers`]).
+    fn layer_buffer(&self, il: usize) -> &String {
+        self.layer_buffers.get(il).unwrap_or(&self.embd_buffer)
+    }
+
+    /// The graph file. Shapes are not checked here: building the file checks them (a head
+    /// count of 0 gives heads of width 0; products and byte sizes past the integer range
+    /// saturate, which building refuses as a size overflow).
     pub fn graph_file(&self, name: &str) -> GraphFile {
         let mut t: Vec<TensorSpec> = Vec::new();
         let w = self.wtype.as_str();
         let (e, h, ff) = (self.n_embd, self.n_head, self.n_ff);
-        let hd = e / h;
+        let hd = e.checked_div(h).unwrap_or(0);
         let es: usize = 2; // f16 cache
-        let cache_bytes = (self.n_ctx * e) as usize * es;
+        let cache_bytes = bytes(mul(self.n_ctx, e), es);
 
         t.push(TensorSpec::leaf("tok_embd", w, &[e, self.n_vocab]).in_buffer(&self.embd_buffer));
         for il in 0..self.n_layer {
-            let b = &self.layer_buffers[il];
+            let b = self.layer_buffer(il);
             let l = |n: &str| format!("{n}.{il}");
             t.push(TensorSpec::leaf(&l("attn_norm"), "f32", &[e]).in_buffer(b));
             for n in ["wq", "wk", "wv", "wo"] {
@@ -142,12 +154,14 @@ impl LlamaConfig {
                 .cache_buffers
                 .as_ref()
                 .and_then(|c| c.get(il))
-                .unwrap_or(&self.layer_buffers[il]);
+                .unwrap_or(self.layer_buffer(il));
             t.push(
-                TensorSpec::leaf(&format!("cache_k.{il}"), "f16", &[self.n_ctx * e]).in_buffer(b),
+                TensorSpec::leaf(&format!("cache_k.{il}"), "f16", &[mul(self.n_ctx, e)])
+                    .in_buffer(b),
             );
             t.push(
-                TensorSpec::leaf(&format!("cache_v.{il}"), "f16", &[self.n_ctx * e]).in_buffer(b),
+                TensorSpec::leaf(&format!("cache_v.{il}"), "f16", &[mul(self.n_ctx, e)])
+                    .in_buffer(b),
             );
         }
         t.push(TensorSpec::leaf("inp_tokens", "i32", &[self.n_tokens]).flag("input"));
@@ -183,15 +197,15 @@ impl LlamaConfig {
                 t.push(r);
             }
             let mut kv = op("k_cache_view", "VIEW", &[&l("cache_k")]);
-            kv.ne = Some(vec![self.n_tokens * e]);
-            kv.offset = Some((self.kv_head * e) as usize * es);
+            kv.ne = Some(vec![mul(self.n_tokens, e)]);
+            kv.offset = Some(bytes(mul(self.kv_head, e), es));
             t.push(kv);
             t.push(op("k_store", "CPY", &[&l("Krope"), &l("k_cache_view")]));
             t.push(op("Vt", "TRANSPOSE", &[&l("Vcur")]));
             let mut vv = op("v_cache_view", "VIEW", &[&l("cache_v")]);
             vv.ne = Some(vec![self.n_tokens, e]);
-            vv.nb = Some(vec![es, self.n_ctx as usize * es, cache_bytes, cache_bytes]);
-            vv.offset = Some(self.kv_head as usize * es);
+            vv.nb = Some(vec![es, bytes(self.n_ctx, es), cache_bytes, cache_bytes]);
+            vv.offset = Some(bytes(self.kv_head, es));
             t.push(vv);
             t.push(op("v_store", "CPY", &[&l("Vt"), &l("v_cache_view")]));
             let mut q = op("q", "PERMUTE", &[&l("Qrope")]);
@@ -199,7 +213,7 @@ impl LlamaConfig {
             t.push(q);
             let mut k = op("k", "VIEW", &[&l("cache_k")]);
             k.ne = Some(vec![hd, self.n_kv, h]);
-            k.nb = Some(vec![es, e as usize * es, hd as usize * es, cache_bytes]);
+            k.nb = Some(vec![es, bytes(e, es), bytes(hd, es), cache_bytes]);
             k.offset = Some(0);
             t.push(k);
             t.push(op("kq", "MUL_MAT", &[&l("k"), &l("q")]));
@@ -211,8 +225,8 @@ impl LlamaConfig {
             v.ne = Some(vec![self.n_kv, hd, h]);
             v.nb = Some(vec![
                 es,
-                self.n_ctx as usize * es,
-                (self.n_ctx * hd) as usize * es,
+                bytes(self.n_ctx, es),
+                bytes(mul(self.n_ctx, hd), es),
                 cache_bytes,
             ]);
             v.offset = Some(0);
@@ -268,4 +282,15 @@ impl LlamaConfig {
             assign: Default::default(),
         }
     }
+}
+
+/// `a · b`, saturated: absurd shapes stay absurd (and are refused when the file is built)
+/// instead of wrapping into plausible ones.
+fn mul(a: i64, b: i64) -> i64 {
+    a.saturating_mul(b)
+}
+
+/// The bytes of `n` elements of `es` bytes, saturated; a negative count saturates too.
+fn bytes(n: i64, es: usize) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX).saturating_mul(es)
 }

@@ -61,8 +61,14 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan `sched` made for `graph` in its last split.
+    /// The plan `sched` made for `graph` in its last split. Tensors `ctx` does not hold (the
+    /// plan's inputs printed against another context, or one rewound since) are named `?`.
     pub fn from_scheduler(sched: &Scheduler, ctx: &Context, graph: &Graph) -> Plan {
+        let name = |t| {
+            ctx.get(t)
+                .map_or_else(|_| "?".to_owned(), |t| t.name().to_owned())
+        };
+        // `tensor_backend` and the splits name only indices of `sched.backends()`.
         let bname = |t| {
             sched
                 .tensor_backend(t)
@@ -78,19 +84,15 @@ impl Plan {
                     backend: sched.backends()[s.backend()].name().to_owned(),
                     start: s.start(),
                     end: s.end(),
-                    inputs: s
-                        .inputs()
-                        .iter()
-                        .map(|&t| ctx[t].name().to_owned())
-                        .collect(),
+                    inputs: s.inputs().iter().map(|&t| name(t)).collect(),
                 })
                 .collect(),
             nodes: graph
                 .nodes()
                 .iter()
                 .map(|&t| PlanTensor {
-                    name: ctx[t].name().to_owned(),
-                    op: Some(ctx[t].op().name()),
+                    name: name(t),
+                    op: ctx.get(t).ok().map(|t| t.op().name()),
                     backend: bname(t),
                 })
                 .collect(),
@@ -98,7 +100,7 @@ impl Plan {
                 .leafs()
                 .iter()
                 .map(|&t| PlanTensor {
-                    name: ctx[t].name().to_owned(),
+                    name: name(t),
                     op: None,
                     backend: bname(t),
                 })

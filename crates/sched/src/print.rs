@@ -20,10 +20,18 @@ pub fn fmt_size(bytes: usize) -> String {
 }
 
 fn backend_name(s: &Scheduler, t: TensorId) -> &str {
+    // `tensor_backend` answers only indices of `s.backends()`.
     match s.tensor_backend(t) {
         Some(b) => s.backends()[b].name(),
         None => "NULL",
     }
+}
+
+/// Name and size of `t` in `ctx`, or `?` and 0 when `ctx` does not hold it: the caller passes
+/// the context, and a plan's inputs and copies need not be in it (another context, or this
+/// one rewound since).
+fn name_size(ctx: &Context, t: TensorId) -> (&str, usize) {
+    ctx.get(t).map_or(("?", 0), |t| (t.name(), t.nbytes()))
 }
 
 pub(crate) fn write_layout(
@@ -34,6 +42,8 @@ pub(crate) fn write_layout(
     out: &mut String,
 ) {
     let splits = s.splits();
+    // Split backends are indices of `s.backends()` (the split pass takes them from assigned
+    // backends); `cur < splits.len()` is checked before each use.
     let mut cur = 0;
     for (i, &node) in graph.nodes().iter().enumerate() {
         if cur < splits.len() && i == splits[cur].start() {
@@ -49,8 +59,8 @@ pub(crate) fn write_layout(
                 if j == 0 {
                     out.push_str(": ");
                 }
-                let t = &ctx[inp];
-                let _ = write!(out, "[{} ({:>5.5})] ", t.name(), fmt_size(t.nbytes()));
+                let (name, size) = name_size(ctx, inp);
+                let _ = write!(out, "[{} ({:>5.5})] ", name, fmt_size(size));
             }
             out.push('\n');
             cur += 1;
@@ -74,12 +84,12 @@ pub(crate) fn write_layout(
                 let Some(src) = s.effective_src(ctx, node, j) else {
                     continue;
                 };
-                let st = &ctx[src];
+                let (name, size) = name_size(ctx, src);
                 let _ = write!(
                     out,
                     " {:>20.20} ({:>5.5}) [{:>5.5} {:>8.8}]",
-                    st.name(),
-                    fmt_size(st.nbytes()),
+                    name,
+                    fmt_size(size),
                     backend_name(s, src),
                     s.tensor_cause(src)
                 );

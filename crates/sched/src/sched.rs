@@ -108,6 +108,10 @@ const UNSETTLED: i32 = i32::MIN;
 #[derive(Copy, Clone, Debug, Default)]
 struct Slot {
     key: u64,
+    /// -1 or an index of the scheduler's backends: every writer gives one (the passes take
+    /// them from the device list, `set_tensor_backend` checks the caller's), which is what
+    /// indexing `backends`, `devices`, `bufts` and `backend_buft_devices` by a non-negative
+    /// backend relies on.
     backend: i32,
     cause: Cause,
     /// Index of this tensor's block in the copy table, or `NO_COPIES`.
@@ -679,6 +683,10 @@ impl Scheduler {
         b * self.n_copies + c
     }
 
+    /// The copy table holds one block of `n_backends · n_copies` entries per tensor with
+    /// copies; `b < n_backends` and `c < n_copies` at every call (backends of slots, split
+    /// backends, checked in `tensor_copy`), and `s.copies` names a block of this copy epoch
+    /// (the table is cleared whenever the epoch moves on).
     fn get_copy(&self, t: TensorId, b: usize, c: usize) -> Option<TensorId> {
         let s = self.slot(t)?;
         if s.copies == NO_COPIES || s.copies_epoch != self.copy_epoch {
@@ -1391,6 +1399,8 @@ impl Scheduler {
             first_backend = b as usize;
         }
         self.new_split(0, first_backend, 0);
+        // `splits` holds at least `i_split + 1` entries: `new_split(i)` follows every step of
+        // `i_split` (and pushes when it reaches the end of the list).
         let mut cur = first_backend as i32;
         for (&i, &nb) in compute.iter().zip(bids) {
             if no_pipeline && nb != UNSETTLED {
@@ -1539,6 +1549,8 @@ impl Scheduler {
             .iter()
             .map(|s| s.inputs.len())
             .sum();
+        // Enough for every position written below: the splits partition the graph's nodes and
+        // add two nodes per input; the leafs are the graph's plus one per copy of each input.
         let size = graph.n_nodes().max(graph.n_leafs())
             + (n_inputs + self.graph_inputs.len()) * 2 * self.n_copies;
         let cap = self.alloc_graph.capacity().max(size);

@@ -422,3 +422,37 @@ fn an_unassigned_split_input_is_typed_and_the_scheduler_recovers() {
     s.reset();
     assert!(compute(&mut s, &mut m, 2) == reference.step(2));
 }
+
+/// The layout printer is given a context and a graph by the caller: printed against another
+/// context (here an empty one, and one rewound past the split inputs and copies) it names
+/// what it cannot find `?` instead of indexing a stale id; against the planned context it
+/// prints every split with its inputs.
+#[test]
+fn the_layout_of_a_plan_printed_against_another_context_does_not_panic() {
+    let cfg = Cfg::tiny(2);
+    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
+    let cpu = common::cpu(1);
+    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
+    let mut s =
+        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap();
+    let mark = m.ctx.checkpoint();
+    s.alloc_graph(&mut m.ctx, &m.graph).unwrap();
+    assert!(s.splits().iter().any(|sp| !sp.inputs().is_empty()));
+    let mut good = String::new();
+    s.write_layout(&m.ctx, &m.graph, 2, &mut good);
+    assert_eq!(good.matches("## SPLIT").count(), s.n_splits());
+    let mut out = String::new();
+    s.write_layout(&Context::new(), &m.graph, 2, &mut out);
+    assert!(out.contains("## SPLIT #1"), "{out}");
+    let plan = sched::Plan::from_scheduler(&s, &Context::new(), &m.graph);
+    assert_eq!(plan.nodes.len(), m.graph.n_nodes());
+    assert!(plan.nodes.iter().all(|n| n.name == "?" && n.op.is_none()));
+    // A source slot past the last is empty, not a panic.
+    let node = m.graph.nodes()[0];
+    assert_eq!(s.effective_src(&m.ctx, node, graph::MAX_SRC), None);
+    // The copies the plan made live after `mark`; the inputs before it.
+    m.ctx.rewind(mark);
+    let mut out = String::new();
+    s.write_layout(&m.ctx, &m.graph, 2, &mut out);
+    assert!(out.contains("## SPLIT #1"), "{out}");
+}

@@ -49,6 +49,31 @@ fn generator_reproduces_the_shared_llama_graphs() {
     same_graph(&c.graph_file("x"), &shared("llama-2gpu-L4"));
 }
 
+/// The generator's fields are public: a layer list shorter than `n_layer` (the missing layers
+/// take the embeddings' buffer) and a head count of 0 give a graph file, not a panic; building
+/// the one with no heads is a typed error.
+#[test]
+fn generator_takes_any_field_values() {
+    let mut c = LlamaConfig::tiny(3);
+    c.layer_buffers.truncate(1);
+    let full = LlamaConfig::tiny(3).graph_file("x");
+    same_graph(&c.graph_file("x"), &full);
+    let c = c.offload("GPU0", 1);
+    assert_eq!(c.layer_buffers, ["CPU", "CPU", "GPU0"]);
+    let mut c = LlamaConfig::tiny(1);
+    c.n_head = 0;
+    assert!(c.graph_file("x").build().is_err());
+    // Shapes whose products leave the integer range are refused when built, not wrapped.
+    for (n_embd, n_ctx, kv_head) in [(i64::MAX, 16, 8), (64, i64::MAX / 2, 8), (64, 16, -1)] {
+        let mut c = LlamaConfig::tiny(1);
+        (c.n_embd, c.n_ctx, c.kv_head) = (n_embd, n_ctx, kv_head);
+        assert!(
+            c.graph_file("x").build().is_err(),
+            "n_embd {n_embd}, n_ctx {n_ctx}, kv_head {kv_head}"
+        );
+    }
+}
+
 fn srcs_of(ctx: &Context, g: &Graph) -> Vec<[Option<TensorId>; 10]> {
     g.nodes().iter().map(|&n| *ctx[n].srcs()).collect()
 }

@@ -142,6 +142,10 @@ impl Bpe {
     }
 
     /// Appends the tokens of one pre-tokenizer word (raw bytes) to `out`.
+    ///
+    /// Indexing: positions index `s.syms` (one per byte, linked by `prev`/`next`); symbol ids
+    /// come from the interner, so they are below `sym_token.len() == sym_text.len()`; a pair
+    /// is queued only when its merge is in the table, so the popped pair's lookup finds it.
     pub(crate) fn word(&self, bytes: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
         let n = bytes.len();
         s.syms.clear();

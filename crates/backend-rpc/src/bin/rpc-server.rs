@@ -7,8 +7,9 @@
 //! ```
 //!
 //! * `--max-buffer-mib`: largest single buffer a client may allocate.
-//! * `--max-client-mib`: most buffer memory one client may hold at once.
-//! * `--max-server-mib`: most buffer memory all clients together may hold at once.
+//! * `--max-client-mib`: most memory (buffers and graph messages) one client may hold at once.
+//! * `--max-server-mib`: most memory (buffers and graph messages) all clients together may
+//!   hold at once.
 //! * `--max-set-mib`: largest SET_TENSOR payload (what one message may make the server buffer).
 //! * `--idle-timeout-s`: close a client that sends nothing (or reads nothing) for this long;
 //!   it also cuts a client stalled in the middle of a message (0: never).

@@ -13,7 +13,10 @@
 //!   of a graph, a length prefix past the limits, and a client that allocates (and touches)
 //!   buffers until the server's memory cap refuses it, and then dies without freeing them. While
 //!   that hog holds the cap, a client of ours asking for memory must get a typed
-//!   `AllocationFailed`; after it died, the same request must succeed.
+//!   `AllocationFailed`; after it died, the same request must succeed. Last, graph hogs: clients
+//!   that each announce a 16 MiB GRAPH_COMPUTE, send all of it but the last byte and stall,
+//!   until the server refuses one for its memory cap (closing it at once); what the accepted
+//!   ones hold must stay within the cap.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -73,11 +76,18 @@ pub struct SoakReport {
     pub rss_peak_kib: u64,
     /// Server RSS after the load and faults, every client gone, KiB.
     pub rss_after_kib: u64,
-    /// Faults injected, by kind: stall, disconnect mid-graph, oversized prefix, memory hog.
-    pub faults: [u64; 4],
+    /// Faults injected, by kind: stall, disconnect mid-graph, oversized prefix, memory hog,
+    /// graph hog.
+    pub faults: [u64; FAULT_KINDS],
     /// Bytes the memory hogs got before the cap refused them (the last hog), MiB.
     pub hog_mib: u64,
+    /// Stalled 16 MiB graph messages the server held before it refused the next one (the last
+    /// graph hog round).
+    pub graph_hogs_held: u64,
 }
+
+/// Kinds of fault [`phase`] injects.
+pub const FAULT_KINDS: usize = 5;
 
 impl SoakReport {
     /// `after` within `tol` (a fraction) of `before`.
@@ -94,7 +104,7 @@ impl SoakReport {
                 "\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"max_ms\":{:.3},\"rss_start_kib\":{},",
                 "\"rss_before_kib\":{},\"rss_peak_kib\":{},\"rss_after_kib\":{},",
                 "\"faults\":{{\"stall\":{},\"disconnect_mid_graph\":{},\"oversized_prefix\":{},",
-                "\"memory_hog\":{}}},\"hog_mib\":{}}}"
+                "\"memory_hog\":{},\"graph_hog\":{}}},\"hog_mib\":{},\"graph_hogs_held\":{}}}"
             ),
             self.clients,
             self.secs,
@@ -111,7 +121,9 @@ impl SoakReport {
             self.faults[1],
             self.faults[2],
             self.faults[3],
+            self.faults[4],
             self.hog_mib,
+            self.graph_hogs_held,
         )
     }
 }
@@ -462,6 +474,53 @@ pub fn fault_memory_hog(endpoint: &str, cap_mib: u64) -> Result<u64, String> {
     }
 }
 
+/// Payload of one graph hog's message.
+const GRAPH_HOG_BYTES: u64 = 16 << 20;
+
+/// Graph hogs: raw clients that each announce a [`GRAPH_HOG_BYTES`] GRAPH_COMPUTE, send all
+/// of it but the last byte and stall, until the server refuses one for its memory cap; a
+/// refused one is closed at once, so its write fails. The accepted ones must hold less than
+/// the cap (counting their payloads alone), and at least one must get in (the charges of
+/// earlier rounds were given back). Returns how many the server held.
+pub fn fault_graph_hog(endpoint: &str, cap_mib: u64) -> Result<u64, String> {
+    let most = (cap_mib << 20) / GRAPH_HOG_BYTES;
+    let t0 = Instant::now();
+    loop {
+        let mut held = Vec::new();
+        let mut refused = false;
+        while !refused {
+            let mut s = raw_client(endpoint)?;
+            s.set_write_timeout(Some(Duration::from_secs(10)))
+                .map_err(|e| e.to_string())?;
+            let mut msg = Vec::new();
+            put_header(&mut msg, Cmd::GraphCompute, GRAPH_HOG_BYTES);
+            // Zeros: device 0, no nodes, no tensors, then bytes that will never add up; the
+            // server cannot know before the last byte.
+            msg.resize(msg.len() + GRAPH_HOG_BYTES as usize - 1, 0);
+            if s.write_all(&msg).is_ok() {
+                held.push(s);
+            } else {
+                refused = true;
+            }
+            if held.len() as u64 > most {
+                return Err(format!(
+                    "the server held {} graph messages of {GRAPH_HOG_BYTES} bytes past a \
+                     {cap_mib} MiB cap",
+                    held.len()
+                ));
+            }
+        }
+        if !held.is_empty() {
+            return Ok(held.len() as u64);
+        }
+        // Nothing got in: the last round's charges may not be given back yet.
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err("no graph message of 16 MiB is accepted any more".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -469,6 +528,10 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e3
 }
+
+/// What [`phase`] returns: sorted latencies, seconds the load ran, fault counts, the last memory
+/// hog's MiB and the last graph hog round's held messages.
+type PhaseResult = (Vec<Duration>, f64, [u64; FAULT_KINDS], u64, u64);
 
 /// Run load clients for `secs` (with faults on one more thread when `faults`); returns the
 /// sorted latencies, the seconds the load ran, the fault counts and the last hog size.
@@ -478,7 +541,7 @@ fn phase(
     secs: Duration,
     faults: bool,
     peak: &AtomicU64,
-) -> Result<(Vec<Duration>, f64, [u64; 4], u64), String> {
+) -> Result<PhaseResult, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let ep = server.endpoint.clone();
     let loads: Vec<_> = (0..cfg.clients)
@@ -489,24 +552,26 @@ fn phase(
         .collect();
     let fault_thread = faults.then(|| {
         let (ep, stop, cfg) = (ep.clone(), stop.clone(), cfg.clone());
-        std::thread::spawn(move || -> Result<([u64; 4], u64), String> {
+        std::thread::spawn(move || -> Result<([u64; FAULT_KINDS], u64, u64), String> {
             // Let the load clients connect and allocate first.
             std::thread::sleep(Duration::from_millis(500));
-            let mut counts = [0u64; 4];
-            let mut hog = 0;
+            let mut counts = [0u64; FAULT_KINDS];
+            let (mut hog, mut graph_hogs) = (0, 0);
             let mut round = 0u64;
             // Each kind at least once, however short the phase.
-            while !stop.load(Ordering::Relaxed) || round < 4 {
-                match round % 4 {
+            let kinds = FAULT_KINDS as u64;
+            while !stop.load(Ordering::Relaxed) || round < kinds {
+                match round % kinds {
                     0 => fault_stall(&ep, cfg.idle_timeout_s)?,
                     1 => fault_disconnect_mid_graph(&ep)?,
-                    2 => fault_oversized(&ep, round / 4)?,
-                    _ => hog = fault_memory_hog(&ep, cfg.server_cap_mib)?,
+                    2 => fault_oversized(&ep, round / kinds)?,
+                    3 => hog = fault_memory_hog(&ep, cfg.server_cap_mib)?,
+                    _ => graph_hogs = fault_graph_hog(&ep, cfg.server_cap_mib)?,
                 }
-                counts[(round % 4) as usize] += 1;
+                counts[(round % kinds) as usize] += 1;
                 round += 1;
             }
-            Ok((counts, hog))
+            Ok((counts, hog, graph_hogs))
         })
     });
     let t0 = Instant::now();
@@ -520,7 +585,7 @@ fn phase(
         lat.extend(t.join().map_err(|_| "a load client panicked")??);
     }
     let load_secs = t0.elapsed().as_secs_f64();
-    let (counts, hog) = match fault_thread {
+    let (counts, hog, graph_hogs) = match fault_thread {
         Some(t) => {
             // The fault round in progress finishes (a stall lasts the idle timeout).
             while !t.is_finished() {
@@ -529,10 +594,10 @@ fn phase(
             }
             t.join().map_err(|_| "the fault thread panicked")??
         }
-        None => ([0; 4], 0),
+        None => ([0; FAULT_KINDS], 0, 0),
     };
     lat.sort_unstable();
-    Ok((lat, load_secs, counts, hog))
+    Ok((lat, load_secs, counts, hog, graph_hogs))
 }
 
 /// The server's RSS once its log says every client is gone and the RSS has not changed for
@@ -568,7 +633,7 @@ pub fn soak(bin: &Path, cfg: &SoakConfig) -> Result<SoakReport, String> {
     // stacks and allocator arenas of a serving server are in the baseline.
     phase(&server, cfg, cfg.warmup, true, &peak)?;
     r.rss_before_kib = settled_rss(&server);
-    let (lat, secs, faults, hog) = phase(&server, cfg, cfg.duration, true, &peak)?;
+    let (lat, secs, faults, hog, graph_hogs) = phase(&server, cfg, cfg.duration, true, &peak)?;
     r.secs = secs;
     r.rss_after_kib = settled_rss(&server);
     r.rss_peak_kib = peak.load(Ordering::Relaxed);
@@ -580,5 +645,6 @@ pub fn soak(bin: &Path, cfg: &SoakConfig) -> Result<SoakReport, String> {
     r.max_ms = lat.last().map_or(0.0, |d| d.as_secs_f64() * 1e3);
     r.faults = faults;
     r.hog_mib = hog;
+    r.graph_hogs_held = graph_hogs;
     Ok(r)
 }
