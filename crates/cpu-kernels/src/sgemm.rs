@@ -444,7 +444,8 @@ mod tests {
             let mut kernels = vec![Kernel::Portable];
             kernels.extend(Kernel::best());
             for kernel in kernels {
-                for nth in [1, 2, 7] {
+                let nths: &[usize] = if cfg!(miri) { &[2] } else { &[1, 2, 7] };
+                for &nth in nths {
                     let got = product(kernel, &a, &b, k, m, n, nth);
                     assert!(
                         got.iter()
@@ -460,7 +461,7 @@ mod tests {
     #[test]
     fn grid_covers_every_element_once() {
         let shapes: &[(usize, usize, usize, usize)] = if cfg!(miri) {
-            &[(33, 81, 4, 2), (100, 300, 1, 2), (1, 1, 1, 1)]
+            &[(33, 81, 4, 2), (1, 1, 1, 1)]
         } else {
             &[
                 (384, 4096, 1, 2),
