@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use crate::mem::{MatF32, TView, gemm_f32};
 use crate::pool::Pool;
 use crate::quant::{self, F32_ROWS, ROWS};
-use crate::{hdot, qdot};
+use crate::{hdot, qdot, sgemm};
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
@@ -493,25 +493,17 @@ impl Exec<'_> {
                 };
                 let x = grow(&mut ts.a, ne0);
                 a.load_f32(0, i1, i2, i3, x);
-                x.iter_mut().for_each(|v| *v *= scale);
-                if let Some(m) = mask {
-                    // `supports_op`: the mask's ne0 is ne0, its ne1 at least a's, and its ne2
-                    // and ne3 are non-zero divisors of a's (the modulos).
-                    let mv = grow(&mut ts.b, ne0);
-                    m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
-                    if slope == 1.0 {
-                        x.iter_mut().zip(mv.iter()).for_each(|(v, &w)| *v += w);
-                    } else {
-                        // ggml's `wp[i] += slope*mp[i]` is compiled to a fused multiply-add.
-                        x.iter_mut()
-                            .zip(mv.iter())
-                            .for_each(|(v, &w)| *v = slope.mul_add(w, *v));
+                let mv = match mask {
+                    Some(m) => {
+                        // `supports_op`: the mask's ne0 is ne0, its ne1 at least a's, and its
+                        // ne2 and ne3 are non-zero divisors of a's (the modulos).
+                        let mv = grow(&mut ts.b, ne0);
+                        m.load_f32(0, i1, i2 % m.ne[2], i3 % m.ne[3], mv);
+                        Some(&*mv)
                     }
-                }
-                let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let sum = crate::gexp::soft_max_exp_sum(x, max);
-                let inv = (1.0 / sum) as f32;
-                x.iter_mut().for_each(|v| *v *= inv);
+                    None => None,
+                };
+                crate::gexp::soft_max_row(x, mv, scale, slope);
                 dst.store_f32(0, i1, i2, i3, x);
             }
             Ok(())
@@ -749,6 +741,14 @@ impl Exec<'_> {
             && m >= 16
             && k >= 16;
         if use_gemm {
+            if a.ty == ElementType::F32
+                && let Some(kernel) = sgemm::Kernel::best()
+                && dst.f32_matrix(0, 0).is_some()
+                && a.f32_matrix(0, 0).is_some()
+                && b.f32_matrix(0, 0).is_some()
+            {
+                return self.mul_mat_sgemm(kernel, dst, a, b, r2, r3);
+            }
             return self.mul_mat_gemm(dst, a, b, r2, r3);
         }
         // Dot-product path: pack src1 columns once (f32, or q8_0 for quantized weights).
@@ -936,6 +936,69 @@ impl Exec<'_> {
             }
             Ok(())
         })
+    }
+
+    /// f32 weights on an AVX-512 CPU: our blocked product (`sgemm`). First every matrix
+    /// of the weights is packed once (panels in parallel), then units of rows × columns of
+    /// each result matrix run. Every result is one FMA chain over `k`, so the split does not
+    /// change a bit.
+    fn mul_mat_sgemm(
+        &mut self,
+        kernel: sgemm::Kernel,
+        dst: &TView,
+        a: &TView,
+        b: &TView,
+        r2: usize,
+        r3: usize,
+    ) -> Result<(), BackendError> {
+        let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
+        let n_batch = dst.ne[2] * dst.ne[3];
+        let nth = self.n_threads.min(self.pool.n_threads()).max(1);
+        let grid = sgemm::Grid::new(m, n, n_batch, nth);
+        let per = grid.units_per_matrix();
+        let (na, alen) = (a.ne[2] * a.ne[3], sgemm::packed_a_len(m, k));
+        let misaligned = || BackendError::failed("CPU", "mul_mat: misaligned f32 matrix");
+        let mut buf = std::mem::take(&mut self.scratch.shared_f32);
+        let packed = sgemm::aligned(&mut buf, na * alen);
+        let mut panels = Vec::new();
+        let mut rest = &mut *packed;
+        for mat in 0..na {
+            for (lines, ks) in sgemm::a_panels(m, k) {
+                let (p, r) = rest.split_at_mut(sgemm::MR * ks.len());
+                panels.push((mat, lines, ks, Mutex::new(p)));
+                rest = r;
+            }
+        }
+        let packing = self.par_for(panels.len(), sgemm::MR * k.min(512), |units, _| {
+            for (mat, lines, ks, out) in &panels[units] {
+                let am = a
+                    .f32_matrix(mat % a.ne[2], mat / a.ne[2])
+                    .ok_or_else(misaligned)?;
+                sgemm::pack_a_panel(&am, lines.clone(), ks.clone(), &mut out.lock());
+            }
+            Ok(())
+        });
+        drop(panels);
+        let packed = &*packed;
+        let res = packing.and_then(|()| {
+            self.par_for(n_batch * per, grid.unit_cost(k), |units, ts| {
+                for u in units {
+                    let (batch, (rows, cols)) = (u / per, grid.unit(u % per));
+                    let (i2, i3) = (batch % dst.ne[2], batch / dst.ne[2]);
+                    let mat = i2 / r2 + i3 / r3 * a.ne[2];
+                    let dm = dst.f32_matrix(i2, i3).ok_or_else(misaligned)?;
+                    let bm = b.f32_matrix(i2, i3).ok_or_else(misaligned)?;
+                    let ap = &packed[mat * alen..(mat + 1) * alen];
+                    // SAFETY: this unit alone computes these rows × columns of matrix
+                    // (i2, i3) of the destination, which does not overlap src1 (checked by
+                    // `mul_mat`).
+                    unsafe { sgemm::gemm_unit(kernel, &dm, ap, m, &bm, rows, cols, &mut ts.b) };
+                }
+                Ok(())
+            })
+        });
+        self.scratch.shared_f32 = buf;
+        res
     }
 
     fn mul_mat_gemm(

@@ -126,6 +126,167 @@ pub(crate) fn soft_max_exp_sum(v: &mut [f32], max: f32) -> f64 {
     soft_max_portable(v, max)
 }
 
+/// One SOFT_MAX row in place: `x = x · scale`, plus `slope · mask` (a fused multiply-add, or
+/// a plain add when `slope` is 1) when there is a mask, then `exp(x − max) / Σ` with the
+/// exponentials and their sum as [`soft_max_exp_sum`] computes them.
+pub(crate) fn soft_max_row(x: &mut [f32], mask: Option<&[f32]>, scale: f32, slope: f32) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if avx512_available() {
+        // SAFETY: the CPU has AVX-512 F and DQ (checked just above).
+        return unsafe { x86::soft_max_row_avx512(x, mask, scale, slope) };
+    }
+    soft_max_row_portable(x, mask, scale, slope);
+}
+
+fn soft_max_row_portable(x: &mut [f32], mask: Option<&[f32]>, scale: f32, slope: f32) {
+    x.iter_mut().for_each(|v| *v *= scale);
+    if let Some(m) = mask {
+        if slope == 1.0 {
+            x.iter_mut().zip(m).for_each(|(v, &w)| *v += w);
+        } else {
+            // ggml's `wp[i] += slope*mp[i]` is compiled to a fused multiply-add.
+            x.iter_mut()
+                .zip(m)
+                .for_each(|(v, &w)| *v = slope.mul_add(w, *v));
+        }
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let sum = soft_max_exp_sum(x, max);
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn avx512_available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+}
+
+/// The AVX-512 row kernel: the same operations as the portable code, sixteen lanes at a time
+/// (ggml's own AVX-512 `exp`, with `scalef`), in three passes over the row.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// # Safety
+    /// The CPU must have AVX-512 F and DQ; `mask`, if any, is at least as long as `x`.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn soft_max_row_avx512(
+        x: &mut [f32],
+        mask: Option<&[f32]>,
+        scale: f32,
+        slope: f32,
+    ) {
+        let n = x.len();
+        let full = n / LANES * LANES;
+        assert!(mask.is_none_or(|m| m.len() >= n));
+        let p = x.as_mut_ptr();
+        let (vs, vslope) = (_mm512_set1_ps(scale), _mm512_set1_ps(slope));
+        // Pass 1: scale, mask, running maximum (`max_ps(v, m)` keeps `m` when `v` is NaN,
+        // as `f32::max` does).
+        let mut vmax = _mm512_set1_ps(f32::NEG_INFINITY);
+        for i in (0..full).step_by(LANES) {
+            // SAFETY: i + 16 <= full <= n = x.len() <= mask.len().
+            unsafe {
+                let mut v = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), vs);
+                if let Some(m) = mask {
+                    let w = _mm512_loadu_ps(m.as_ptr().add(i));
+                    v = if slope == 1.0 {
+                        _mm512_add_ps(v, w)
+                    } else {
+                        _mm512_fmadd_ps(vslope, w, v)
+                    };
+                }
+                _mm512_storeu_ps(p.add(i), v);
+                vmax = _mm512_max_ps(v, vmax);
+            }
+        }
+        let mut max = f32::NEG_INFINITY;
+        let mut lanes = [0.0f32; LANES];
+        // SAFETY: 16 floats into a 16-float array.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), vmax) };
+        for v in lanes {
+            max = max.max(v);
+        }
+        for (i, v) in x.iter_mut().enumerate().skip(full) {
+            *v *= scale;
+            if let Some(m) = mask {
+                *v = if slope == 1.0 {
+                    *v + m[i]
+                } else {
+                    slope.mul_add(m[i], *v)
+                };
+            }
+            max = max.max(*v);
+        }
+        // Pass 2: exponentials and their sum, each vector's sum in reduce16's order.
+        let vm = _mm512_set1_ps(max);
+        let mut sum = 0.0f64;
+        for i in (0..full).step_by(LANES) {
+            // SAFETY: i + 16 <= full <= x.len().
+            unsafe {
+                let e = expf16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), vm));
+                _mm512_storeu_ps(p.add(i), e);
+                sum += f64::from(reduce16_avx512(e));
+            }
+        }
+        for v in x.iter_mut().skip(full) {
+            *v = (*v - max).exp();
+            sum += f64::from(*v);
+        }
+        // Pass 3: normalise.
+        let inv = (1.0 / sum) as f32;
+        let vi = _mm512_set1_ps(inv);
+        for i in (0..full).step_by(LANES) {
+            // SAFETY: i + 16 <= full <= x.len().
+            unsafe { _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), vi)) };
+        }
+        x.iter_mut().skip(full).for_each(|v| *v *= inv);
+    }
+
+    /// [`reduce16`]'s order: halves, quarters, then `(t0 + t2) + (t1 + t3)`.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn reduce16_avx512(v: __m512) -> f32 {
+        let t3 = _mm256_add_ps(_mm512_extractf32x8_ps::<1>(v), _mm512_castps512_ps256(v));
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        let t = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
+    }
+
+    /// [`ggml_expf`] on sixteen lanes (ggml's AVX-512 `ggml_v_expf`).
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn expf16(x: __m512) -> __m512 {
+        let shift = _mm512_set1_ps(SHIFT);
+        let z = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), shift);
+        let n = _mm512_sub_ps(z, shift);
+        let b = _mm512_fnmadd_ps(
+            n,
+            _mm512_set1_ps(LN2_LO),
+            _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x),
+        );
+        let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(_mm512_set1_ps(P5), b, _mm512_set1_ps(P4)),
+                u,
+                _mm512_fmadd_ps(_mm512_set1_ps(P3), b, _mm512_set1_ps(P2)),
+            ),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(P1), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if big == 0 {
+            return res;
+        }
+        let le0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+        let alt = _mm512_mask_blend_ps(le0, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
+        _mm512_mask_blend_ps(big, res, alt)
+    }
+}
+
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 fn fma_available() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -234,5 +395,34 @@ mod tests {
             soft_max_exp_sum(&mut b, 13.0)
         );
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn soft_max_rows_agree_with_the_portable_code() {
+        // Whole vectors and a tail, with and without a mask and an ALiBi slope, -inf in
+        // the mask, a row with an element far below the maximum (exp underflows to 0).
+        for n in [16usize, 48, 53] {
+            let xs: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.9)
+                .collect();
+            let mut mask: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * -0.25).collect();
+            mask[3] = f32::NEG_INFINITY;
+            for (m, slope) in [(None, 1.0), (Some(&mask[..]), 1.0), (Some(&mask[..]), 0.7)] {
+                let mut a = xs.clone();
+                a[7] = -200.0;
+                let mut b = a.clone();
+                soft_max_row_portable(&mut a, m, 0.125, slope);
+                soft_max_row(&mut b, m, 0.125, slope);
+                // Miri perturbs libm's results (the tail): compare whole vectors only there.
+                let cmp = if cfg!(miri) { n / LANES * LANES } else { n };
+                assert!(
+                    a[..cmp]
+                        .iter()
+                        .zip(&b[..cmp])
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "n{n} slope {slope}: {a:?} vs {b:?}"
+                );
+            }
+        }
     }
 }

@@ -32,7 +32,14 @@
 //!
 //! # Design choices
 //!
-//! * **Matrix products** use the [`gemm`] crate for products with at least 16 columns in
+//! * **f32 weights on a CPU with AVX-512** take our own blocked product (module `sgemm`)
+//!   from 80 columns: the weights packed once per op into 48-row panels, a 48 × 8 register
+//!   tile (24 zmm accumulators) over `src1`'s columns in place. The `gemm` crate below,
+//!   built without its nightly feature, runs AVX2 kernels only, so it cannot pass half of
+//!   such a CPU's FMA peak. Each result is one FMA chain over `k` in order, so results do
+//!   not depend on the thread count or the blocking (`benches/gemm.rs` measures it against
+//!   an FMA loop).
+//! * **Other matrix products** use the [`gemm`] crate for products with at least 16 columns in
 //!   `src1` (80 for f32 weights; prefill, batched work): it is maintained, pure Rust, selects
 //!   AVX2/AVX-512/NEON kernels at run time, reaches close to peak FLOP/s, and needs no C
 //!   toolchain. We call it single-threaded on row blocks from our own pool, so no second
@@ -165,6 +172,7 @@ mod qdot;
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod qmv512;
 mod quant;
+mod sgemm;
 
 #[doc(hidden)]
 pub mod doc_support;

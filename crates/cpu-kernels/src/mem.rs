@@ -580,6 +580,90 @@ impl MatF32 {
     }
 }
 
+impl MatF32 {
+    /// A dense matrix over a mutable scratch slice (a destination in unit tests).
+    #[cfg(test)]
+    pub fn from_mut_slice(s: &mut [f32], n0: usize, n1: usize) -> MatF32 {
+        assert!(s.len() >= n0 * n1);
+        MatF32 {
+            ptr: s.as_mut_ptr().cast::<u8>(),
+            s0: 1,
+            s1: n0,
+            n0,
+            n1,
+        }
+    }
+
+    /// Extents: `(n0, n1)` (elements along the fast dimension, lines).
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n0, self.n1)
+    }
+
+    /// Elements `r` of line `i1` as a slice, when they are adjacent in memory (`s0 == 1`).
+    pub fn line(&self, i1: usize, r: std::ops::Range<usize>) -> Option<&[f32]> {
+        assert!(
+            i1 < self.n1 && r.start <= r.end && r.end <= self.n0,
+            "matrix line out of range (a kernel bug)"
+        );
+        if self.s0 != 1 {
+            return None;
+        }
+        // SAFETY: the elements lie inside the matrix (asserted), which lies inside live tensor
+        // or scratch memory for the whole compute; the pointer is f32-aligned (`f32_matrix`
+        // checks the base and strides, scratch slices are f32). Lines handed out here are
+        // sources, which the executor has checked do not overlap the destination.
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                self.ptr
+                    .cast::<f32>()
+                    .add(i1 * self.s1 + r.start)
+                    .cast_const(),
+                r.len(),
+            )
+        })
+    }
+
+    /// Element `(i0, i1)`.
+    pub fn get(&self, i0: usize, i1: usize) -> f32 {
+        assert!(
+            i0 < self.n0 && i1 < self.n1,
+            "matrix element out of range (a kernel bug)"
+        );
+        // SAFETY: inside the matrix (asserted), aligned as for `line`.
+        unsafe {
+            self.ptr
+                .cast::<f32>()
+                .add(i0 * self.s0 + i1 * self.s1)
+                .read()
+        }
+    }
+
+    /// Copy `v` over elements `i0.. i0 + v.len()` of line `i1` of a destination matrix.
+    ///
+    /// # Safety
+    /// The running op's unit of work owns these destination elements: no other thread reads
+    /// or writes them during the op.
+    pub unsafe fn store_line(&self, i0: usize, i1: usize, v: &[f32]) {
+        assert!(
+            i1 < self.n1 && i0 + v.len() <= self.n0,
+            "matrix line out of range (a kernel bug)"
+        );
+        let p = self.ptr.cast::<f32>();
+        if self.s0 == 1 {
+            // SAFETY: as below, for the adjacent elements `i0..i0 + v.len()` of line `i1`;
+            // `v` is the caller's scratch, not tensor memory.
+            return unsafe {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), p.add(i1 * self.s1 + i0), v.len())
+            };
+        }
+        for (d, &x) in v.iter().enumerate() {
+            // SAFETY: inside the matrix (asserted), aligned as for `line`; owned by the
+            // caller's unit (the function's contract).
+            unsafe { p.add((i0 + d) * self.s0 + i1 * self.s1).write(x) }
+        }
+    }
+}
+
 /// `dst[i, j] = Σ_k a[k, i] · b[k, j]` over `i in i_range`, `j in 0..b.n1`, with `gemm`.
 ///
 /// `a`: rows `i` of `k` floats (the weights, `n0 = K`); `b`: columns `j` of `K` floats;

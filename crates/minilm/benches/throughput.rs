@@ -2,7 +2,10 @@
 //! scheduler → CPU backend) against candle's BERT, in the same run. Before the timed part, one
 //! profiled pass logs where our time goes per op (through `tracing`, to stderr).
 //!
-//! Run: `cargo bench -p minilm --features candle --bench throughput`
+//! Run: `cargo bench -p minilm --features candle --bench throughput`; with
+//! `MINILM_ROUNDS=N` it skips criterion and times one batch of ours, then one of candle's,
+//! N times in turn, and prints each side's fastest and median sentences/s and their ratios
+//! (stdout), for a shared machine where the two sides must see the same load.
 #![allow(clippy::print_stderr)]
 
 use std::hint::black_box;
@@ -136,6 +139,18 @@ fn main() {
     .unwrap();
     let theirs = CandleBert::load(&dir).unwrap();
 
+    if let Some(rounds) = std::env::var("MINILM_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&r| r > 0)
+    {
+        interleaved(
+            rounds,
+            || ours.embed_batch(&batch).map(|_| ()).unwrap(),
+            || theirs.embed(&batch).map(|_| ()).unwrap(),
+        );
+        return;
+    }
     let mut c = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_secs(2))
@@ -151,6 +166,38 @@ fn main() {
     });
     g.finish();
     c.final_summary();
+}
+
+/// `rounds` rounds of one call of `ours` then one of `theirs`; sentences/s per side.
+#[allow(clippy::print_stdout)]
+fn interleaved(rounds: usize, mut ours: impl FnMut(), mut theirs: impl FnMut()) {
+    let mut t = [Vec::new(), Vec::new()];
+    for r in 0..rounds {
+        for (side, f) in [&mut ours as &mut dyn FnMut(), &mut theirs]
+            .into_iter()
+            .enumerate()
+        {
+            let s = std::time::Instant::now();
+            f();
+            t[side].push(N_SENTENCES as f64 / s.elapsed().as_secs_f64());
+        }
+        println!(
+            "round {r}: ours {:.1} sentences/s, candle {:.1} ({:.2}x)",
+            t[0][r],
+            t[1][r],
+            t[0][r] / t[1][r]
+        );
+    }
+    let stat = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() - 1], v[v.len() / 2])
+    };
+    let ((ob, om), (cb, cm)) = (stat(&mut t[0]), stat(&mut t[1]));
+    println!(
+        "fastest: ours {ob:.1}, candle {cb:.1} sentences/s ({:.2}x); median: ours {om:.1}, candle {cm:.1} ({:.2}x)",
+        ob / cb,
+        om / cm
+    );
 }
 
 fn rayon_threads(n: usize) -> Result<(), Box<dyn std::error::Error>> {

@@ -1,0 +1,275 @@
+//! f32 GEMM against the machine's FMA peak, in interleaved rounds.
+//!
+//! `cargo bench -p cpu-kernels --bench gemm` (`GEMM_ROUNDS=N`, default 3; `BENCH_THREADS=N`,
+//! default 2; `GEMM_SKIP_LARGE=1` leaves out 4096³). Each round measures, one after the
+//! other:
+//!
+//! * **the clock**: a chain of dependent integer adds (one cycle each on every x86 core),
+//!   timed; cycles ÷ seconds is the clock the core ran at;
+//! * **the FMA peak**: every thread runs a loop of 24 independent AVX-512 FMA chains (no
+//!   loads), in GFLOP/s (2 FLOP per lane per FMA), and the nominal figure for comparison:
+//!   threads × 2 FMA units × 16 lanes × 2 FLOP × the measured clock;
+//! * **MUL_MAT f32** through [`cpu_kernels::CpuCompute`] on MiniLM's shapes (weights
+//!   384×384, 1536×384 and 384×1536 against 4096 columns) and 4096³, and the `gemm` crate
+//!   (the previous path: one call per thread on half the rows each) on the same shapes.
+//!
+//! Every figure is the fastest of several calls in that round (the machine is shared); the
+//! ratio to the peak uses the same round's peak. Results go to stdout as a table.
+#![allow(clippy::print_stdout)]
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use cpu_kernels::CpuCompute;
+use cpu_kernels::doc_support::host_buffer;
+use graph::{Context, ElementType, Graph};
+
+fn threads() -> usize {
+    std::env::var("BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
+fn fastest(reps: usize, mut f: impl FnMut()) -> Duration {
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+/// Cycles per second of the calling thread's core: 8 dependent adds per iteration.
+#[cfg(target_arch = "x86_64")]
+fn clock_hz() -> f64 {
+    const ITERS: u64 = 2_000_000;
+    let t = fastest(20, || {
+        let mut x = 0u64;
+        // SAFETY: register arithmetic only; no memory, no stack.
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                "sub {n}, 1",
+                "jnz 2b",
+                n = inout(reg) ITERS => _,
+                x = inout(reg) x,
+                options(nomem, nostack),
+            );
+        }
+        black_box(x);
+    });
+    (8 * ITERS) as f64 / t.as_secs_f64()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn clock_hz() -> f64 {
+    f64::NAN
+}
+
+/// FLOP per call of [`fma_loop`].
+const FMA_ITERS: u64 = 1_000_000;
+const FMA_CHAINS: usize = 24;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fma_loop_avx512(x: f32, y: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let (xv, yv) = (_mm512_set1_ps(x), _mm512_set1_ps(y));
+    let mut acc = [_mm512_set1_ps(1.0); FMA_CHAINS];
+    for _ in 0..FMA_ITERS {
+        for a in acc.iter_mut() {
+            *a = _mm512_fmadd_ps(*a, xv, yv);
+        }
+    }
+    let mut s = _mm512_setzero_ps();
+    for a in acc {
+        s = _mm512_add_ps(s, a);
+    }
+    _mm512_reduce_add_ps(s)
+}
+
+/// GFLOP/s of `nth` threads each running the FMA loop, or `None` without AVX-512.
+fn fma_peak(nth: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        let t = fastest(20, || {
+            std::thread::scope(|s| {
+                for _ in 0..nth {
+                    s.spawn(|| {
+                        // SAFETY: the CPU has AVX-512 F (checked above).
+                        let r = unsafe { fma_loop_avx512(black_box(0.999), black_box(1e-3)) };
+                        black_box(r)
+                    });
+                }
+            })
+        });
+        let flop = nth as f64 * FMA_ITERS as f64 * FMA_CHAINS as f64 * 16.0 * 2.0;
+        return Some(flop / t.as_secs_f64() / 1e9);
+    }
+    None
+}
+
+struct Case {
+    name: String,
+    k: usize,
+    m: usize,
+    n: usize,
+    reps: usize,
+}
+
+struct Ours {
+    ctx: Context,
+    g: Graph,
+    _buf: backend_core::Buffer,
+}
+
+fn ours(k: usize, m: usize, n: usize) -> Ours {
+    let mut ctx = Context::new();
+    let w = ctx
+        .new_tensor_2d(ElementType::F32, k as i64, m as i64)
+        .unwrap();
+    let x = ctx
+        .new_tensor_2d(ElementType::F32, k as i64, n as i64)
+        .unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let sizes = [k * m * 4, k * n * 4, m * n * 4];
+    let buf = host_buffer(sizes.iter().map(|s| s.next_multiple_of(64)).sum());
+    let mut off = 0;
+    for (id, sz) in [w, x, y].into_iter().zip(sizes) {
+        backend_core::tensor_alloc(&mut ctx, &buf, id, off).unwrap();
+        off += sz.next_multiple_of(64);
+    }
+    let vals = |len: usize, seed: usize| -> Vec<u8> {
+        (0..len)
+            .flat_map(|i| ((((i * 7 + seed) % 13) as f32 - 6.0) / 8.0).to_le_bytes())
+            .collect()
+    };
+    backend_core::tensor_set(&ctx, w, 0, &vals(k * m, 1)).unwrap();
+    backend_core::tensor_set(&ctx, x, 0, &vals(k * n, 2)).unwrap();
+    Ours { ctx, g, _buf: buf }
+}
+
+/// The `gemm` crate on the same product, one single-threaded call per thread on its share of
+/// the rows (how the executor called it).
+fn gemm_crate(nth: usize, a: &[f32], b: &[f32], c: &mut [f32], k: usize, m: usize, n: usize) {
+    let rows = m.div_ceil(nth).next_multiple_of(16);
+    let cp = c.as_mut_ptr() as usize;
+    std::thread::scope(|s| {
+        for t in 0..nth {
+            let r0 = (t * rows).min(m);
+            let r1 = ((t + 1) * rows).min(m);
+            if r0 == r1 {
+                continue;
+            }
+            s.spawn(move || {
+                // SAFETY: thread t writes rows r0..r1 of every column of c only; a and b are
+                // read-only and live for the scope; all indices stay inside the slices.
+                unsafe {
+                    gemm::gemm(
+                        r1 - r0,
+                        n,
+                        k,
+                        (cp as *mut f32).add(r0),
+                        m as isize,
+                        1,
+                        false,
+                        a.as_ptr().add(r0 * k),
+                        1,
+                        k as isize,
+                        b.as_ptr(),
+                        k as isize,
+                        1,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                }
+            });
+        }
+    });
+}
+
+fn main() {
+    let nth = threads();
+    let rounds: usize = std::env::var("GEMM_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let mut cases = vec![
+        ("minilm_qkvo_384x384_x4096", 384, 384, 4096, 20),
+        ("minilm_ffn_up_384x1536_x4096", 384, 1536, 4096, 10),
+        ("minilm_ffn_down_1536x384_x4096", 1536, 384, 4096, 10),
+    ]
+    .into_iter()
+    .map(|(name, k, m, n, reps)| Case {
+        name: name.to_owned(),
+        k,
+        m,
+        n,
+        reps,
+    })
+    .collect::<Vec<_>>();
+    if std::env::var_os("GEMM_SKIP_LARGE").is_none() {
+        cases.push(Case {
+            name: "f32_4096x4096x4096".to_owned(),
+            k: 4096,
+            m: 4096,
+            n: 4096,
+            reps: 3,
+        });
+    }
+    let cpu = CpuCompute::new(nth);
+    println!("threads {nth}, rounds {rounds}; GFLOP/s = fastest call of the round");
+    println!(
+        "{:<34} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "case", "round", "clock GHz", "nominal", "FMA loop", "ours", "gemm"
+    );
+    for round in 0..rounds {
+        let hz = clock_hz();
+        let nominal = nth as f64 * 2.0 * 16.0 * 2.0 * hz / 1e9;
+        let peak = fma_peak(nth).unwrap_or(f64::NAN);
+        println!(
+            "{:<34} {round:>6} {:>9.2} {nominal:>9.1} {peak:>9.1}",
+            "fma_peak",
+            hz / 1e9
+        );
+        for c in &cases {
+            let flop = 2.0 * (c.k * c.m * c.n) as f64;
+            let s = ours(c.k, c.m, c.n);
+            let t_ours = fastest(c.reps, || {
+                black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap());
+            });
+            drop(s);
+            let a: Vec<f32> = (0..c.k * c.m).map(|i| (i % 13) as f32 / 8.0).collect();
+            let b: Vec<f32> = (0..c.k * c.n).map(|i| (i % 11) as f32 / 8.0).collect();
+            let mut out = vec![0.0f32; c.m * c.n];
+            let t_gemm = fastest(c.reps, || {
+                gemm_crate(nth, &a, &b, &mut out, c.k, c.m, c.n);
+                black_box(&out);
+            });
+            let (go, gg) = (
+                flop / t_ours.as_secs_f64() / 1e9,
+                flop / t_gemm.as_secs_f64() / 1e9,
+            );
+            println!(
+                "{:<34} {round:>6} {:>9} {:>9} {:>9} {go:>8.1} {gg:>8.1}   ours/peak {:.2}, ours/gemm {:.2}",
+                c.name,
+                "",
+                "",
+                "",
+                go / peak,
+                go / gg
+            );
+        }
+    }
+}

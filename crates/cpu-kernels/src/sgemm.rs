@@ -1,0 +1,488 @@
+//! Our f32 matrix product for CPUs with AVX-512: packed operands and a 48 × 8 register tile.
+//!
+//! Why our own: the `gemm` crate, built without its nightly feature, runs AVX2 kernels
+//! (eight lanes), so on an AVX-512 machine it can reach at most half the FMA peak; the MiniLM
+//! projections spent about two thirds of their time there.
+//!
+//! The method (the usual blocked product, sized for a core with 48 KiB of L1 data cache and
+//! 1 MiB of L2):
+//!
+//! * The result is cut into units of whole row ranges × column ranges ([`Grid`]); the
+//!   executor hands units to threads.
+//! * Inside a unit the inner dimension is cut into blocks of [`KC`]. For each block, the
+//!   unit's columns of `src1` are packed into panels of [`NR`] columns (`kc × NR` floats,
+//!   column index fastest), and then, [`MC`] rows at a time, the weights into panels of
+//!   [`MR`] rows (`kc × MR`, row index fastest); short panels are padded with zeros.
+//! * The micro-kernel multiplies one weight panel by one column panel into `MR × NR`
+//!   accumulators (24 vectors of 16 lanes): per step of the inner dimension three vector
+//!   loads, eight broadcasts and 24 FMAs. A column panel (12 KiB at `kc = 384`) stays in L1
+//!   while the unit's weight panels (`MC × KC`, 576 KiB) stream from L2 past it.
+//!
+//! **Every result element is one chain of fused multiply-adds over the inner dimension in
+//! order**, `c = fma(a[0], b[0], 0)`, `c = fma(a[1], b[1], c)`, …: a block after the first
+//! starts from the partial sums the previous block stored. So a result depends only on its
+//! row of `src0`, its column of `src1` and `k`, never on the unit, the blocking or the
+//! thread count, and the portable kernel (`f32::mul_add`, used by the tests and Miri) gives
+//! the same bits as the AVX-512 one.
+
+use std::ops::Range;
+
+use crate::mem::MatF32;
+
+/// Rows of a weight panel (three vectors of 16 lanes).
+pub(crate) const MR: usize = 48;
+/// Columns of a `src1` panel.
+pub(crate) const NR: usize = 8;
+/// Inner-dimension block: one column panel (`KC × NR` floats) fits in L1 with room to spare.
+const KC: usize = 384;
+/// Rows of the weights packed at once: `MC × KC` floats (576 KiB) stay in L2.
+const MC: usize = 384;
+/// Columns per unit aimed for when there are enough: the weights are packed once per unit,
+/// which costs about one FMA step per 256 columns of work.
+const MIN_UNIT_COLS: usize = 256;
+/// Units per thread aimed for, so a descheduled thread's share can be taken over.
+const UNITS_PER_THREAD: usize = 8;
+
+/// Which micro-kernel runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// Scalar `f32::mul_add` (tests, Miri).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Portable,
+    /// AVX-512 F intrinsics.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    Avx512,
+}
+
+impl Kernel {
+    /// The AVX-512 kernel when the CPU has AVX-512 F, else `None` (the executor then keeps
+    /// the `gemm` crate, whose AVX2 kernels beat a scalar one).
+    pub fn best() -> Option<Kernel> {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Some(Kernel::Avx512);
+        }
+        None
+    }
+}
+
+/// How a product of `n_batch` matrices of `m × n` results is cut into units.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Grid {
+    m: usize,
+    n: usize,
+    /// Rows per unit (a multiple of [`MR`]).
+    mu: usize,
+    /// Columns per unit (a multiple of [`NR`]).
+    nu: usize,
+    nbi: usize,
+    nbj: usize,
+}
+
+impl Grid {
+    /// A grid with about [`UNITS_PER_THREAD`] units per thread: columns are split first
+    /// (down to [`MIN_UNIT_COLS`] per unit), then rows (down to two panels per unit).
+    pub fn new(m: usize, n: usize, n_batch: usize, n_threads: usize) -> Grid {
+        let want = (UNITS_PER_THREAD * n_threads.max(1)).div_ceil(n_batch.max(1));
+        let nbj = want.min(n.div_ceil(MIN_UNIT_COLS)).max(1);
+        let nu = n.div_ceil(nbj).next_multiple_of(NR).max(NR);
+        let nbj = n.div_ceil(nu).max(1);
+        let nbi = want.div_ceil(nbj).min(m.div_ceil(2 * MR)).max(1);
+        let mu = m.div_ceil(nbi).next_multiple_of(MR).max(MR);
+        let nbi = m.div_ceil(mu).max(1);
+        Grid {
+            m,
+            n,
+            mu,
+            nu,
+            nbi,
+            nbj,
+        }
+    }
+
+    /// Units per matrix of the batch.
+    pub fn units_per_matrix(&self) -> usize {
+        self.nbi * self.nbj
+    }
+
+    /// Multiply-adds of a full unit with inner dimension `k`.
+    pub fn unit_cost(&self, k: usize) -> usize {
+        self.mu.saturating_mul(self.nu).saturating_mul(k)
+    }
+
+    /// Rows and columns of unit `u` (`0..units_per_matrix()`) of a matrix.
+    pub fn unit(&self, u: usize) -> (Range<usize>, Range<usize>) {
+        let (bi, bj) = (u % self.nbi, u / self.nbi);
+        let rows = bi * self.mu..((bi + 1) * self.mu).min(self.m);
+        let cols = bj * self.nu..((bj + 1) * self.nu).min(self.n);
+        (rows, cols)
+    }
+}
+
+/// Floats of the packed weights of one `m`-row matrix with inner dimension `k` (see
+/// [`pack_a`]).
+pub(crate) fn packed_a_len(m: usize, k: usize) -> usize {
+    m.div_ceil(MR) * MR * k
+}
+
+/// The panels of [`pack_a`]'s layout in order: rows and inner range of each. A matrix's
+/// packed weights are these regions of `MR · kc` floats one after the other.
+pub(crate) fn a_panels(m: usize, k: usize) -> impl Iterator<Item = (Range<usize>, Range<usize>)> {
+    (0..k).step_by(KC).flat_map(move |pc| {
+        let ks = pc..(pc + KC).min(k);
+        (0..m)
+            .step_by(MR)
+            .map(move |i0| (i0..(i0 + MR).min(m), ks.clone()))
+    })
+}
+
+/// Pack the weights `a` (line `i` = row `i`, `k` long) into `out` ([`packed_a_len`]
+/// floats): for each inner block of [`KC`], for each panel of [`MR`] rows, `kc · MR` floats,
+/// row index fastest. The regions of [`a_panels`] can be packed separately with
+/// [`pack_a_panel`].
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn pack_a(a: &MatF32, out: &mut [f32]) {
+    let (k, m) = a.dims();
+    let mut rest = out;
+    for (lines, ks) in a_panels(m, k) {
+        let (panel, r) = rest.split_at_mut(MR * ks.len());
+        pack::<MR>(a, lines, ks, panel);
+        rest = r;
+    }
+}
+
+/// One region of [`pack_a`]: rows `lines` (at most [`MR`]), inner range `ks`.
+pub(crate) fn pack_a_panel(a: &MatF32, lines: Range<usize>, ks: Range<usize>, out: &mut [f32]) {
+    pack::<MR>(a, lines, ks, out);
+}
+
+/// `dst[i, j] = Σ_kk a[kk, i] · b[kk, j]` for `i in rows`, `j in cols`: one unit of work.
+///
+/// `apacked`: the weights (`m` rows, `k` long) packed by [`pack_a`]; `b`: line `j` holding
+/// column `j` (`b.dims().0 == k`); `dst`: element `(i, j)` at line `j`, position `i`.
+/// `bcopy` is the calling thread's scratch for columns that are not adjacent in memory.
+///
+/// # Safety
+/// The caller's unit owns the destination elements `rows × cols` (no other thread reads or
+/// writes them during the op), and `dst` does not overlap `b`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_unit(
+    kernel: Kernel,
+    dst: &MatF32,
+    apacked: &[f32],
+    m: usize,
+    b: &MatF32,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    bcopy: &mut Vec<f32>,
+) {
+    let k = b.dims().0;
+    assert!(
+        apacked.len() >= packed_a_len(m, k) && rows.end <= m && rows.start.is_multiple_of(MR),
+        "sgemm: weights not packed for these rows (a kernel bug)"
+    );
+    if rows.is_empty() || cols.is_empty() {
+        return;
+    }
+    let mp = m.div_ceil(MR);
+    let direct = b.line(cols.start, 0..k).is_some();
+    let mut tile = [[0.0f32; MR]; NR];
+    for pc in (0..k).step_by(KC) {
+        let kc = KC.min(k - pc);
+        let block = &apacked[pc * mp * MR..(pc + kc) * mp * MR];
+        for ic in rows.clone().step_by(MC) {
+            let ie = (ic + MC).min(rows.end);
+            for j0 in cols.clone().step_by(NR) {
+                let nr = NR.min(cols.end - j0);
+                // A short last panel repeats its last column and drops those results.
+                let col = |t: usize| j0 + t.min(nr - 1);
+                let bq: [&[f32]; NR] = if direct {
+                    std::array::from_fn(|t| b.line(col(t), pc..pc + kc).unwrap_or_default())
+                } else {
+                    let x = grow(bcopy, NR * kc);
+                    for (t, xt) in x.chunks_exact_mut(kc).enumerate() {
+                        load_line(b, pc, col(t), xt);
+                    }
+                    let x = &*x;
+                    std::array::from_fn(|t| &x[t * kc..(t + 1) * kc])
+                };
+                for i0 in (ic..ie).step_by(MR) {
+                    let mr = MR.min(ie - i0);
+                    let p = i0 / MR;
+                    let aq = &block[p * MR * kc..(p + 1) * MR * kc];
+                    if pc > 0 {
+                        for (j, t) in tile.iter_mut().enumerate().take(nr) {
+                            load_line(dst, i0, j0 + j, &mut t[..mr]);
+                        }
+                    }
+                    micro(kernel, kc, aq, bq, &mut tile, pc > 0);
+                    for (j, t) in tile.iter().enumerate().take(nr) {
+                        // SAFETY: (i0.., j0 + j) lies in rows × cols, which the caller's unit
+                        // owns (the function's contract).
+                        unsafe { dst.store_line(i0, j0 + j, &t[..mr]) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// `v` grown to at least `n + 16` floats, and the `n` of them that start at a 64-byte
+/// boundary (whole-vector loads of a panel then never straddle cache lines).
+pub(crate) fn aligned(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n + 16 {
+        v.resize(n + 16, 0.0);
+    }
+    let off = v.as_ptr().align_offset(64).min(16);
+    &mut v[off..off + n]
+}
+
+/// Line `i1`'s elements `i0..i0 + out.len()` of `m` into `out`.
+fn load_line(m: &MatF32, i0: usize, i1: usize, out: &mut [f32]) {
+    match m.line(i1, i0..i0 + out.len()) {
+        Some(s) => out.copy_from_slice(s),
+        None => {
+            for (d, o) in out.iter_mut().enumerate() {
+                *o = m.get(i0 + d, i1);
+            }
+        }
+    }
+}
+
+/// Pack lines `lines` of `m`, elements `ks`, into panels of `W` lines: panel `p` holds, for
+/// each `kk` of `ks` in order, the `W` elements `(ks.start + kk, lines.start + p·W + w)`;
+/// lines past `lines.end` are zeros.
+fn pack<const W: usize>(m: &MatF32, lines: Range<usize>, ks: Range<usize>, out: &mut [f32]) {
+    let kc = ks.len();
+    let mut line = [0.0f32; KC];
+    for (p, panel) in out.chunks_exact_mut(W * kc).enumerate() {
+        for w in 0..W {
+            let l = lines.start + p * W + w;
+            let src: &[f32] = if l < lines.end {
+                match m.line(l, ks.clone()) {
+                    Some(s) => s,
+                    None => {
+                        for (kk, x) in line[..kc].iter_mut().enumerate() {
+                            *x = m.get(ks.start + kk, l);
+                        }
+                        &line[..kc]
+                    }
+                }
+            } else {
+                line[..kc].fill(0.0);
+                &line[..kc]
+            };
+            for (kk, &x) in src.iter().enumerate() {
+                panel[kk * W + w] = x;
+            }
+        }
+    }
+}
+
+/// One `MR × NR` tile: `tile[j][i] = fma chain over kk of a[kk·MR + i] · b[kk·NR + j]`,
+/// starting from `tile` when `accumulate`, else from zero.
+fn micro(
+    kernel: Kernel,
+    kc: usize,
+    a: &[f32],
+    b: [&[f32]; NR],
+    tile: &mut [[f32; MR]; NR],
+    accumulate: bool,
+) {
+    assert!(
+        a.len() >= kc * MR && b.iter().all(|c| c.len() >= kc),
+        "sgemm: short panel (a kernel bug)"
+    );
+    match kernel {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: `Kernel::Avx512` is only made when the CPU has AVX-512 F; the panels hold
+        // `kc` steps (asserted above).
+        Kernel::Avx512 => unsafe { x86::micro_avx512(kc, a, b, tile, accumulate) },
+        Kernel::Portable => micro_portable(kc, a, b, tile, accumulate),
+    }
+}
+
+fn micro_portable(
+    kc: usize,
+    a: &[f32],
+    b: [&[f32]; NR],
+    tile: &mut [[f32; MR]; NR],
+    accumulate: bool,
+) {
+    if !accumulate {
+        *tile = [[0.0; MR]; NR];
+    }
+    for kk in 0..kc {
+        let av = &a[kk * MR..(kk + 1) * MR];
+        for (t, bj) in tile.iter_mut().zip(b.iter().map(|c| c[kk])) {
+            for (c, &ai) in t.iter_mut().zip(av) {
+                *c = ai.mul_add(bj, *c);
+            }
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{MR, NR};
+
+    /// [`super::micro_portable`] with 24 zmm accumulators.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F; `a` holds at least `kc · MR` floats and each column of
+    /// `b` at least `kc`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn micro_avx512(
+        kc: usize,
+        a: &[f32],
+        b: [&[f32]; NR],
+        tile: &mut [[f32; MR]; NR],
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 3]; NR];
+        if accumulate {
+            for (c, t) in acc.iter_mut().zip(tile.iter()) {
+                for (v, h) in c.iter_mut().enumerate() {
+                    // SAFETY: lanes v·16 .. v·16 + 16 of a 48-float row.
+                    *h = unsafe { _mm512_loadu_ps(t.as_ptr().add(16 * v)) };
+                }
+            }
+        }
+        let ap = a.as_ptr();
+        let bp: [*const f32; NR] = b.map(<[f32]>::as_ptr);
+        for kk in 0..kc {
+            // SAFETY: kk < kc, so the reads stay inside a[..kc·MR] and each b[j][..kc] (the
+            // caller's contract).
+            unsafe {
+                let pa = ap.add(kk * MR);
+                let a0 = _mm512_loadu_ps(pa);
+                let a1 = _mm512_loadu_ps(pa.add(16));
+                let a2 = _mm512_loadu_ps(pa.add(32));
+                for (c, pb) in acc.iter_mut().zip(bp) {
+                    let bj = _mm512_set1_ps(pb.add(kk).read());
+                    c[0] = _mm512_fmadd_ps(a0, bj, c[0]);
+                    c[1] = _mm512_fmadd_ps(a1, bj, c[1]);
+                    c[2] = _mm512_fmadd_ps(a2, bj, c[2]);
+                }
+            }
+        }
+        for (c, t) in acc.iter().zip(tile.iter_mut()) {
+            for (v, h) in c.iter().enumerate() {
+                // SAFETY: lanes v·16 .. v·16 + 16 of a 48-float row.
+                unsafe { _mm512_storeu_ps(t.as_mut_ptr().add(16 * v), *h) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    /// Runs the whole product as `grid`'s units, each with the given kernel.
+    fn product(
+        kernel: Kernel,
+        a: &[f32],
+        b: &[f32],
+        k: usize,
+        m: usize,
+        n: usize,
+        nth: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![f32::NAN; m * n];
+        let am = MatF32::from_slice(a, k, m);
+        let bm = MatF32::from_slice(b, k, n);
+        let dm = MatF32::from_mut_slice(&mut out, m, n);
+        let g = Grid::new(m, n, 1, nth);
+        let mut ap = vec![f32::NAN; packed_a_len(m, k)];
+        pack_a(&am, &mut ap);
+        let mut bcopy = Vec::new();
+        for u in 0..g.units_per_matrix() {
+            let (rows, cols) = g.unit(u);
+            // SAFETY: one unit at a time; `out` is not read while the units write it, and
+            // does not overlap `b`.
+            unsafe { gemm_unit(kernel, &dm, &ap, m, &bm, rows, cols, &mut bcopy) };
+        }
+        out
+    }
+
+    #[test]
+    fn every_element_is_one_fma_chain_whatever_the_grid() {
+        let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[(5, 50, 9)]
+        } else {
+            &[(5, 50, 9), (384, 96, 16), (800, 130, 77), (37, 1, 1)]
+        };
+        for &(k, m, n) in shapes {
+            let mut s = (k * 1000 + m * 10 + n) as u64;
+            let a: Vec<f32> = (0..k * m).map(|_| lcg(&mut s)).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| lcg(&mut s)).collect();
+            let want: Vec<f32> = (0..n)
+                .flat_map(|j| {
+                    let (a, b) = (&a, &b);
+                    (0..m).map(move |i| {
+                        (0..k).fold(0.0f32, |c, kk| a[i * k + kk].mul_add(b[j * k + kk], c))
+                    })
+                })
+                .collect();
+            let mut kernels = vec![Kernel::Portable];
+            kernels.extend(Kernel::best());
+            for kernel in kernels {
+                let nths: &[usize] = if cfg!(miri) { &[2] } else { &[1, 2, 7] };
+                for &nth in nths {
+                    let got = product(kernel, &a, &b, k, m, n, nth);
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{kernel:?} k{k} m{m} n{n} nth{nth}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grid_covers_every_element_once() {
+        let shapes: &[(usize, usize, usize, usize)] = if cfg!(miri) {
+            &[(33, 81, 4, 2), (1, 1, 1, 1)]
+        } else {
+            &[
+                (384, 4096, 1, 2),
+                (128, 128, 384, 2),
+                (33, 81, 4, 2),
+                (4096, 96, 1, 2),
+                (1, 1, 1, 1),
+            ]
+        };
+        for &(m, n, nb, nth) in shapes {
+            let g = Grid::new(m, n, nb, nth);
+            let mut seen = vec![0u8; m * n];
+            for u in 0..g.units_per_matrix() {
+                let (r, c) = g.unit(u);
+                for j in c {
+                    for i in r.clone() {
+                        seen[j * m + i] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&x| x == 1), "{m}x{n}");
+        }
+    }
+}
