@@ -31,6 +31,8 @@ const STREAM_CHUNKS_PER_THREAD: usize = 32;
 const ROW_CHUNK: usize = 4096;
 /// Rows of the weight matrix per unit in the dot-product matrix path.
 const MM_ROWS: usize = 16;
+// A unit of the dot path is one group of the repacked q4_0 layout.
+const _: () = assert!(MM_ROWS == crate::repack::GROUP_ROWS);
 /// Columns of `src1` from which the blocked gemm path is used (not for q4_0 weights; for
 /// f32 weights from [`F32_GEMM_MIN_N`]).
 const GEMM_MIN_N: usize = 16;
@@ -302,7 +304,11 @@ impl Exec<'_> {
             }
             Op::Rope => self.rope(&dst, &src(0)?, &src(1)?, &p),
             Op::GetRows => self.get_rows(&dst, &src(0)?, &src(1)?),
-            Op::MulMat => self.mul_mat(&dst, &src(0)?, &src(1)?),
+            Op::MulMat => {
+                let packed = t.src(0).map(|s| crate::repack::layout(ctx, s))
+                    == Some(crate::repack::Layout::Repacked);
+                self.mul_mat(&dst, &src(0)?, &src(1)?, packed)
+            }
             Op::Cpy | Op::Dup | Op::Cont => self.copy(&dst, &src(0)?),
             _ => Err(unsupported(ctx, id)),
         }
@@ -661,7 +667,14 @@ impl Exec<'_> {
         })
     }
 
-    fn mul_mat(&mut self, dst: &TView, a: &TView, b: &TView) -> Result<(), BackendError> {
+    /// `packed`: `a` is q4_0 in the interleaved layout of `repack` (groups of 16 rows).
+    fn mul_mat(
+        &mut self,
+        dst: &TView,
+        a: &TView,
+        b: &TView,
+        packed: bool,
+    ) -> Result<(), BackendError> {
         if a.overlaps(dst) || b.overlaps(dst) {
             return Err(BackendError::failed(
                 "CPU",
@@ -771,7 +784,15 @@ impl Exec<'_> {
                 let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * nn);
-                if tiled {
+                if packed {
+                    // One group of the repacked layout (MM_ROWS = GROUP_ROWS rows, and the
+                    // row count is a multiple of it).
+                    let group = a.rows_bytes(rows.start, nr, a2, a3);
+                    mul_mat_group_q4_0(isa, group, nn, nr, out, |j| {
+                        let c = batch0 * n + j;
+                        &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                    });
+                } else if tiled {
                     let rws: [&[f32]; MM_ROWS] =
                         f32_rows(a, |i| rows.start + i.min(nr - 1), a2, a3, &mut ts.a);
                     // One call per head: the tiles' slicing depends on the column count.
@@ -959,6 +980,34 @@ fn f32_rows<'a, const N: usize>(
     }
     let x = &*x;
     std::array::from_fn(|j| &x[j * k..(j + 1) * k])
+}
+
+/// One group of `GROUP_ROWS` repacked q4_0 rows against the `n` columns `col(0..n)`,
+/// `Q4_COLS` at a time, into `out[j · nr ..]` per column `j`.
+fn mul_mat_group_q4_0<'c>(
+    isa: quant::Isa,
+    group: &[u8],
+    n: usize,
+    nr: usize,
+    out: &mut [f32],
+    col: impl Fn(usize) -> &'c [u8],
+) {
+    use crate::repack::{GROUP_ROWS, dot_group};
+    let mut put = |j: usize, d: &[f32; GROUP_ROWS]| {
+        out[j * nr..(j + 1) * nr].copy_from_slice(&d[..nr]);
+    };
+    let mut j = 0;
+    while j + Q4_COLS <= n {
+        let d = dot_group::<Q4_COLS>(isa, group, std::array::from_fn(|c| col(j + c)));
+        for (c, d) in d.iter().enumerate() {
+            put(j + c, d);
+        }
+        j += Q4_COLS;
+    }
+    for j in j..n {
+        let [d] = dot_group(isa, group, [col(j)]);
+        put(j, &d);
+    }
 }
 
 /// `out[j · nr + i] = rows[i] · cols[j]` for the `nr = rows.len()` weight rows (each at

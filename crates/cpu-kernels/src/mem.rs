@@ -61,7 +61,11 @@ pub(crate) fn storage_ptr(
     })?;
     let base = match resolver {
         Some(r) => r.base_ptr(&buf),
-        None => buf.host_ptr(),
+        // A repack buffer has no host pointer (generic copies must not move its bytes raw);
+        // the kernels read its layout themselves.
+        None => buf
+            .host_ptr()
+            .or_else(|| crate::repack::RepackBuffer::of(&buf).and_then(|r| r.data_ptr())),
     }
     .ok_or_else(|| {
         BackendError::failed(
@@ -346,6 +350,22 @@ impl TView {
         // rows); the memory is not written during the op (the executor checked that this
         // source does not overlap the destination), and lives as long as `self`'s buffer.
         unsafe { std::slice::from_raw_parts(self.at(off), len) }
+    }
+
+    /// The `n` consecutive dense rows `i1 .. i1 + n` of matrix `(i2, i3)` as one byte slice
+    /// (a group of the repacked q4_0 layout). Same rule as [`TView::row_bytes`].
+    pub fn rows_bytes(&self, i1: usize, n: usize, i2: usize, i3: usize) -> &[u8] {
+        let row = self.ty.row_size(self.ne[0]);
+        assert!(
+            self.rows_contiguous() && self.nb[1] == row && n > 0 && i1 + n <= self.ne[1],
+            "rows_bytes on strided or missing rows (a kernel bug)"
+        );
+        let first = self.offset_checked(0, i1, i2, i3, self.ne[0]);
+        let last = self.offset_checked(0, i1 + n - 1, i2, i3, self.ne[0]);
+        // SAFETY: the rows are dense (`nb1` is the row size, asserted), so the bytes from the
+        // first row's start to the last row's end are the `n` rows, each inside the tensor
+        // (offset_checked); not written during the op, as for `row_bytes`.
+        unsafe { std::slice::from_raw_parts(self.at(first), last - first + row) }
     }
 
     /// Row `(i1, i2, i3)` as f32s when the tensor is F32 with dense, aligned rows. Same rule
