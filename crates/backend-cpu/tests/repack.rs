@@ -51,7 +51,7 @@ fn the_repack_buffer_type_is_an_extra_buffer_type_of_the_cpu_device() {
 
 #[test]
 fn set_and_get_round_trip_whole_in_parts_and_after_fills() {
-    let (k, m) = if cfg!(miri) { (64, 16) } else { (256, 48) };
+    let (k, m) = if cfg!(miri) { (64, 48) } else { (256, 48) };
     let mut ctx = Context::new();
     let w = ctx.new_tensor_2d(ElementType::Q4_0, k, m).unwrap();
     let odd = ctx.new_tensor_2d(ElementType::Q4_0, k, 8).unwrap(); // not repacked
