@@ -15,6 +15,10 @@
 //! bandwidth it reaches. `benches/ggml-matvec-bench.sh` times ggml's CPU backend on the same
 //! shapes, to run back to back with this bench.
 //!
+//! The `q4_0_4096x4096_x{1,32,512}_repack` rows run the q4_0 shapes with the weights in the
+//! CPU device's `CPU_REPACK` buffer type (rows interleaved for the kernels,
+//! `cpu_kernels::repack`), the counterpart of the ggml driver's `*_repack` rows.
+//!
 //! `BENCH_MIN=1` makes the `mul_mat` group report, for each sample, its fastest call (times
 //! the iteration count) instead of the sample's total: on a shared machine where the two
 //! threads are often descheduled (load average 5 on 2 cores while these figures were taken)
