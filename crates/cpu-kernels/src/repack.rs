@@ -82,6 +82,11 @@ pub(crate) fn layout(ctx: &graph::Context, id: graph::TensorId) -> Layout {
     let Ok(t) = ctx.get(id) else {
         return Layout::Plain;
     };
+    // Only q4_0 is repacked, and views keep their root's type: other tensors are plain
+    // without looking at their buffer (this runs for every source of every node).
+    if t.ty() != ElementType::Q4_0 {
+        return Layout::Plain;
+    }
     let in_repack = t
         .storage()
         .and_then(backend_core::Buffer::from_storage)
