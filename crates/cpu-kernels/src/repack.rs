@@ -649,7 +649,12 @@ mod tests {
 
     #[test]
     fn pack_is_a_permutation_and_unpack_inverts_it() {
-        for (k, rows) in [(32, 16), (64, 32), (96, 16)] {
+        let shapes: &[(usize, usize)] = if cfg!(miri) {
+            &[(64, 16)]
+        } else {
+            &[(32, 16), (64, 32), (96, 16)]
+        };
+        for &(k, rows) in shapes {
             let plain = plain_rows(3, k, rows);
             let mut packed = vec![0u8; plain.len()];
             pack(k, &plain, &mut packed);
