@@ -168,3 +168,35 @@ pub(crate) fn buffer_from_host_memory(buft: BufferType, memory: HostMemory) -> R
     };
     Ok(Buffer::from_parts(buft, Some(Box::new(imp)), size))
 }
+
+/// The `CPU_REPACK` buffer type (ggml's CPU extra buffer type of the same name): CPU memory
+/// in which q4_0 matrices are stored in the interleaved layout of `cpu_kernels::repack`,
+/// repacked by `set_tensor` and given back plain by `get_tensor`. Not a host buffer type:
+/// its bytes are not the tensors' plain bytes.
+pub(crate) struct RepackBufferType;
+
+impl BufferTypeImpl for RepackBufferType {
+    fn name(&self) -> &str {
+        cpu_kernels::repack::REPACK_BUFFER_TYPE_NAME
+    }
+    fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>> {
+        let inner = CpuBufferType {
+            name: cpu_kernels::repack::REPACK_BUFFER_TYPE_NAME,
+            alignment: ALIGNMENT,
+        }
+        .alloc_buffer(size)?;
+        Ok(Box::new(cpu_kernels::repack::RepackBuffer::new(inner)))
+    }
+    fn alignment(&self) -> usize {
+        ALIGNMENT
+    }
+    fn max_size(&self) -> usize {
+        isize::MAX as usize - (ALIGNMENT - 1)
+    }
+    fn is_host(&self) -> bool {
+        false
+    }
+    fn device(&self) -> Option<Device> {
+        Some(crate::cpu_device())
+    }
+}

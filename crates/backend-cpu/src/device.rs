@@ -61,7 +61,7 @@ impl DeviceImpl for CpuDevice {
         crate::backend::can_compute(ctx, op)
     }
     fn supports_buft(&self, buft: &BufferType) -> bool {
-        buft.is_host()
+        buft.is_host() || *buft == crate::cpu_repack_buffer_type()
     }
 }
 
@@ -124,6 +124,18 @@ fn set_n_threads_ext(backend: &Backend, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Name of the registry extension that lists the CPU device's extra buffer types (ggml's
+/// `ggml_backend_dev_get_extra_bufts`): today [`crate::cpu_repack_buffer_type`]. Its type
+/// is [`ExtraBufferTypes`].
+pub const EXT_EXTRA_BUFFER_TYPES: &str = "dev_get_extra_bufts";
+
+/// The type of the [`EXT_EXTRA_BUFFER_TYPES`] extension.
+pub type ExtraBufferTypes = fn() -> Vec<BufferType>;
+
+fn extra_buffer_types() -> Vec<BufferType> {
+    vec![crate::cpu_repack_buffer_type()]
+}
+
 pub(crate) struct CpuRegistry;
 
 impl RegistryImpl for CpuRegistry {
@@ -137,6 +149,10 @@ impl RegistryImpl for CpuRegistry {
         match name {
             EXT_SET_N_THREADS => {
                 let f: SetNThreads = set_n_threads_ext;
+                Some(Arc::new(f))
+            }
+            EXT_EXTRA_BUFFER_TYPES => {
+                let f: ExtraBufferTypes = extra_buffer_types;
                 Some(Arc::new(f))
             }
             _ => None,

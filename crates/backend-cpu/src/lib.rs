@@ -51,7 +51,9 @@ use backend_core::{Backend, BufferType, Device, GlobalRegistry, Registry, Result
 
 pub use backend::{AbortCallback, CPU_GUID, CpuBackend, default_n_threads};
 pub use buffer::{CPU_BUFFER_TYPE_NAME, CPU_MAPPED_BUFFER_TYPE_NAME, MAPPED_ALIGNMENT};
-pub use device::{CPU_NAME, EXT_SET_N_THREADS, SetNThreads};
+pub use device::{
+    CPU_NAME, EXT_EXTRA_BUFFER_TYPES, EXT_SET_N_THREADS, ExtraBufferTypes, SetNThreads,
+};
 pub use heap::{limit_heap_arenas, release_free_memory, return_large_frees_to_os};
 pub use mem::ALIGNMENT;
 
@@ -77,6 +79,35 @@ pub fn cpu_mapped_buffer_type() -> BufferType {
         })
     })
     .clone()
+}
+
+/// The CPU device's extra buffer type `"CPU_REPACK"` (ggml's `CPU_REPACK`): q4_0 matrices
+/// with a multiple of 16 rows are stored interleaved for the kernels
+/// (`cpu_kernels::repack`); `set_tensor` repacks, `get_tensor` gives back the plain bytes.
+/// Only MUL_MAT reads such a tensor (as its weights); the CPU device refuses any other op
+/// on it, so a scheduler leaves them alone. Listed by the registry extension
+/// [`EXT_EXTRA_BUFFER_TYPES`].
+///
+/// ```
+/// use backend_core::{tensor_alloc, tensor_get, tensor_set};
+/// use graph::{Context, ElementType};
+///
+/// let buft = backend_cpu::cpu_repack_buffer_type();
+/// let mut ctx = Context::new();
+/// let w = ctx.new_tensor_2d(ElementType::Q4_0, 64, 16)?;
+/// let buf = buft.alloc_buffer(ctx[w].nbytes())?;
+/// tensor_alloc(&mut ctx, &buf, w, 0)?;
+/// let bytes: Vec<u8> = (0..ctx[w].nbytes()).map(|i| i as u8).collect();
+/// tensor_set(&ctx, w, 0, &bytes)?;
+/// let mut back = vec![0u8; bytes.len()];
+/// tensor_get(&ctx, w, 0, &mut back)?;
+/// assert_eq!(back, bytes);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn cpu_repack_buffer_type() -> BufferType {
+    static B: OnceLock<BufferType> = OnceLock::new();
+    B.get_or_init(|| BufferType::new(buffer::RepackBufferType))
+        .clone()
 }
 
 /// The CPU device (one object for the process).

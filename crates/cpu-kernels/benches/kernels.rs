@@ -15,6 +15,10 @@
 //! bandwidth it reaches. `benches/ggml-matvec-bench.sh` times ggml's CPU backend on the same
 //! shapes, to run back to back with this bench.
 //!
+//! The `q4_0_4096x4096_x{1,32,512}_repack` rows run the q4_0 shapes with the weights in the
+//! CPU device's `CPU_REPACK` buffer type (rows interleaved for the kernels,
+//! `cpu_kernels::repack`), the counterpart of the ggml driver's `*_repack` rows.
+//!
 //! `BENCH_MIN=1` makes the `mul_mat` group report, for each sample, its fastest call (times
 //! the iteration count) instead of the sample's total: on a shared machine where the two
 //! threads are often descheduled (load average 5 on 2 cores while these figures were taken)
@@ -65,6 +69,24 @@ fn mul_mat(ty: ElementType, k: i64, m: i64, n: i64) -> Setup {
     Setup { ctx, g, _buf: buf }
 }
 
+/// [`mul_mat`] for q4_0 weights of `k` × `m` in a CPU_REPACK buffer (with the same 0x3c
+/// bytes, written through `set_tensor`, which repacks them), and that buffer.
+fn mul_mat_repack(k: i64, m: i64, n: i64) -> (Setup, backend_core::Buffer) {
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ElementType::Q4_0, k, m).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, k, n).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let wbuf = backend_cpu::cpu_repack_buffer_type()
+        .alloc_buffer(ctx[w].nbytes())
+        .unwrap();
+    backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
+    backend_core::tensor_set(&ctx, w, 0, &vec![0x3c; ctx[w].nbytes()]).unwrap();
+    let buf = alloc(&mut ctx, &[x, y]);
+    (Setup { ctx, g, _buf: buf }, wbuf)
+}
+
 /// Threads per compute: 2, or `BENCH_THREADS` (to compare one core's kernels while another
 /// job holds the other core; the ggml driver takes the same count as its second argument).
 fn threads() -> usize {
@@ -113,6 +135,17 @@ fn bench_mul_mat(c: &mut Criterion) {
         group.bench_function(name, |b| {
             timed(b, || {
                 black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap())
+            })
+        });
+    }
+    // The q4_0 shapes again with the weights in the CPU device's CPU_REPACK buffer type
+    // (interleaved rows, `cpu_kernels::repack`), as ggml-matvec-bench.sh's `*_repack` rows.
+    for n in [1, 32, 512] {
+        let s = mul_mat_repack(4096, 4096, n);
+        group.throughput(Throughput::Elements((2 * 4096 * 4096 * n) as u64));
+        group.bench_function(format!("q4_0_4096x4096_x{n}_repack"), |b| {
+            timed(b, || {
+                black_box(cpu.compute(&s.0.ctx, s.0.g.as_view(), None).unwrap())
             })
         });
     }

@@ -90,6 +90,16 @@
 //!   checks and tests compare against. (The AVX-512 level runs the eight f32 rows as two
 //!   passes of its four-row kernel: the development machine has no AVX-512 to tune or test
 //!   an eight-row version on.)
+//! * **Repacked q4_0 weights** (module [`repack`]): q4_0 matrices placed in the CPU device's
+//!   `CPU_REPACK` buffer type (`backend-cpu`; ggml has a buffer type of that name for the
+//!   same purpose) are stored with the blocks of sixteen rows interleaved, so that the
+//!   AVX-512 VNNI kernel computes sixteen rows in the sixteen lanes of a vector with four
+//!   loads, eight nibble masks and eight `dpbusd` per block and no shuffles (the plain
+//!   kernel above gathers scales and quants from eight rows and packs its sums with `hadd`s),
+//!   and one group of rows is one sequential stream. Same exact integer block sums, same
+//!   f32 operations in the same order: the same bits as over plain weights, at every level
+//!   (AVX2 and portable versions exist). Only MUL_MAT reads such a tensor, as its weights;
+//!   `supports_op` refuses every other op on it and any view into it.
 //! * **The thin f32 kernel** (decode with f32 weights) is bound by DRAM reads: 4096×4096
 //!   weights are 64 MiB, twice the L3. On the 2-core Zen 3 (EPYC Milan) development machine
 //!   a core reads markedly faster from several streams than from one: a plain sequential
@@ -172,6 +182,7 @@ mod qdot;
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod qmv512;
 mod quant;
+pub mod repack;
 mod sgemm;
 
 #[doc(hidden)]
@@ -511,6 +522,9 @@ fn is_float(t: ElementType) -> bool {
 /// ```
 pub fn supports_op(ctx: &Context, op: TensorId) -> bool {
     let Ok(t) = ctx.get(op) else { return false };
+    if !repack::layouts_supported(ctx, op) {
+        return false;
+    }
     let src = |i: usize| t.src(i).and_then(|s| ctx.get(s).ok());
     let f32_ = ElementType::F32;
     match t.op() {

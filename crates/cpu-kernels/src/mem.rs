@@ -144,7 +144,11 @@ pub(crate) fn storage_ptr(
     })?;
     let base = match resolver {
         Some(r) => r.base_ptr(&buf),
-        None => buf.host_ptr(),
+        // A repack buffer has no host pointer (generic copies must not move its bytes raw);
+        // the kernels read its layout themselves.
+        None => buf
+            .host_ptr()
+            .or_else(|| crate::repack::RepackBuffer::of(&buf).and_then(|r| r.data_ptr())),
     }
     .ok_or_else(|| {
         BackendError::failed(

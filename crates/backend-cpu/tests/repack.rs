@@ -1,0 +1,207 @@
+//! The `CPU_REPACK` buffer type: q4_0 matrices written into it read back as written (whole,
+//! in parts, after a fill, through copies), products over them have the bits of the same
+//! products over a plain CPU buffer at every thread count, and no other op reads them.
+
+use backend_core::*;
+use backend_cpu::*;
+use graph::{Context, ElementType, Graph, TensorId};
+
+/// Deterministic q4_0 bytes with finite f16 scales (every 18-byte block starts with one).
+fn q4_bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v: Vec<u8> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 32) as u8
+        })
+        .collect();
+    for blk in v.chunks_exact_mut(18) {
+        blk[1] = 0x20 | (blk[1] & 0x8f); // exponent 8..15: 2^-7 .. 2^0 magnitudes
+    }
+    v
+}
+
+fn f32_bytes(seed: u64, n: usize) -> Vec<u8> {
+    q4_bytes(seed, n)
+        .iter()
+        .flat_map(|&b| (f32::from(b as i8) / 50.0).to_le_bytes())
+        .collect()
+}
+
+fn read(ctx: &Context, t: TensorId) -> Vec<u8> {
+    let mut v = vec![0u8; ctx[t].nbytes()];
+    tensor_get(ctx, t, 0, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn the_repack_buffer_type_is_an_extra_buffer_type_of_the_cpu_device() {
+    let buft = cpu_repack_buffer_type();
+    assert_eq!(buft.name(), "CPU_REPACK");
+    assert!(!buft.is_host());
+    assert_eq!(buft.alignment(), ALIGNMENT);
+    assert_eq!(buft.device(), Some(cpu_device()));
+    assert!(cpu_device().supports_buft(&buft));
+    let ext = cpu_registry().extension(EXT_EXTRA_BUFFER_TYPES).unwrap();
+    let f = ext.downcast_ref::<ExtraBufferTypes>().unwrap();
+    assert_eq!(f(), vec![buft]);
+}
+
+#[test]
+fn set_and_get_round_trip_whole_in_parts_and_after_fills() {
+    let (k, m) = if cfg!(miri) { (64, 48) } else { (256, 48) };
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ElementType::Q4_0, k, m).unwrap();
+    let odd = ctx.new_tensor_2d(ElementType::Q4_0, k, 8).unwrap(); // not repacked
+    let f = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    let nw = ctx[w].nbytes();
+    let buf = cpu_repack_buffer_type().alloc_buffer(nw + 4096).unwrap();
+    tensor_alloc(&mut ctx, &buf, w, 0).unwrap();
+    tensor_alloc(&mut ctx, &buf, odd, nw.next_multiple_of(64)).unwrap();
+    tensor_alloc(&mut ctx, &buf, f, nw.next_multiple_of(64) + 2048).unwrap();
+    let bytes = q4_bytes(1, nw);
+    tensor_set(&ctx, w, 0, &bytes).unwrap();
+    assert_eq!(read(&ctx, w), bytes);
+    // The stored bytes are not the plain ones (the layout is in use) ...
+    let plain = cpu_buffer_type().alloc_buffer(nw).unwrap();
+    let mut c2 = Context::new();
+    let raw = c2.new_tensor_1d(ElementType::I8, nw as i64).unwrap();
+    tensor_alloc(&mut c2, &buf, raw, 0).unwrap();
+    assert_ne!(read(&c2, raw), bytes);
+    // ... and a copy out into a plain buffer gives the plain bytes.
+    let w2 = ctx.new_tensor_2d(ElementType::Q4_0, k, m).unwrap();
+    tensor_alloc(&mut ctx, &plain, w2, 0).unwrap();
+    tensor_copy(&ctx, w, w2).unwrap();
+    assert_eq!(read(&ctx, w2), bytes);
+    // and back in: a copy in repacks.
+    tensor_set(&ctx, w, 0, &vec![0u8; nw]).unwrap();
+    tensor_copy(&ctx, w2, w).unwrap();
+    assert_eq!(read(&ctx, w), bytes);
+    // Partial writes and reads at odd offsets, straddling blocks, rows and groups.
+    let mut want = bytes.clone();
+    let group = 16 * (k as usize / 32) * 18;
+    for (i, (off, len)) in [
+        (0, 1),
+        (1, 18),
+        (17, 37),
+        (5, group),
+        (group - 3, group + 7),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let patch = q4_bytes(10 + i as u64, len);
+        tensor_set(&ctx, w, off, &patch).unwrap();
+        want[off..off + len].copy_from_slice(&patch);
+        assert_eq!(read(&ctx, w), want, "write at {off}+{len}");
+        let mut part = vec![0u8; len];
+        tensor_get(&ctx, w, off, &mut part).unwrap();
+        assert_eq!(part, want[off..off + len]);
+    }
+    tensor_memset(&ctx, w, 0xab, 19, 100).unwrap();
+    want[19..119].fill(0xab);
+    assert_eq!(read(&ctx, w), want);
+    // Out of range: a typed error, nothing written.
+    assert!(tensor_set(&ctx, w, nw - 2, &[0; 4]).is_err());
+    assert_eq!(read(&ctx, w), want);
+    // Other tensors pass through unchanged.
+    let ob = q4_bytes(3, ctx[odd].nbytes());
+    tensor_set(&ctx, odd, 0, &ob).unwrap();
+    assert_eq!(read(&ctx, odd), ob);
+    tensor_set(&ctx, f, 0, &[7; 64]).unwrap();
+    assert_eq!(read(&ctx, f), vec![7; 64]);
+    // A fill is the same in both layouts.
+    buf.clear(0x3c).unwrap();
+    assert_eq!(read(&ctx, w), vec![0x3c; nw]);
+}
+
+/// `y = w · x` with `w` in `weights` (plain or repacked) and every thread count: the bits of
+/// each compute, for the shapes (k, m, n, batch).
+fn products(buft: &BufferType, k: i64, m: i64, n: i64, batch: i64) -> Vec<Vec<u8>> {
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_3d(ElementType::Q4_0, k, m, batch).unwrap();
+    let x = ctx
+        .new_tensor_3d(ElementType::F32, k, n, 2 * batch)
+        .unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let wbuf = buft.alloc_buffer(ctx[w].nbytes()).unwrap();
+    tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
+    let nx = ctx[x].nbytes();
+    let buf = cpu_buffer_type()
+        .alloc_buffer(nx.next_multiple_of(64) + ctx[y].nbytes())
+        .unwrap();
+    tensor_alloc(&mut ctx, &buf, x, 0).unwrap();
+    tensor_alloc(&mut ctx, &buf, y, nx.next_multiple_of(64)).unwrap();
+    tensor_set(&ctx, w, 0, &q4_bytes(5, ctx[w].nbytes())).unwrap();
+    tensor_set(&ctx, x, 0, &f32_bytes(6, nx / 4)).unwrap();
+    let mut g = Graph::new(4);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let backend = backend_cpu::init().unwrap();
+    let cpu = CpuBackend::from_backend(&backend).unwrap();
+    [1, 2, 3]
+        .into_iter()
+        .map(|t| {
+            cpu.set_n_threads(t);
+            backend.graph_compute(&ctx, g.as_view()).unwrap();
+            read(&ctx, y)
+        })
+        .collect()
+}
+
+#[test]
+fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
+    let shapes: &[(i64, i64, i64, i64)] = if cfg!(miri) {
+        &[(64, 16, 1, 1)]
+    } else {
+        &[
+            (64, 16, 1, 1),
+            (96, 32, 5, 1),
+            (256, 48, 9, 2),
+            (4096, 64, 1, 1),
+        ]
+    };
+    for &(k, m, n, batch) in shapes {
+        let plain = products(&cpu_buffer_type(), k, m, n, batch);
+        let packed = products(&cpu_repack_buffer_type(), k, m, n, batch);
+        for (t, (p, q)) in plain.iter().zip(&packed).enumerate() {
+            assert_eq!(p, q, "k={k} m={m} n={n} batch={batch}, {} threads", t + 1);
+            assert_eq!(p, &plain[0], "thread counts agree");
+        }
+    }
+}
+
+#[test]
+fn only_mul_mat_reads_repacked_weights() {
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ElementType::Q4_0, 64, 16).unwrap();
+    let buf = cpu_repack_buffer_type()
+        .alloc_buffer(ctx[w].nbytes())
+        .unwrap();
+    tensor_alloc(&mut ctx, &buf, w, 0).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, 64, 2).unwrap();
+    let ids = ctx.new_tensor_1d(ElementType::I32, 2).unwrap();
+    let mm = ctx.mul_mat(w, x).unwrap();
+    let rows = ctx.get_rows(w, ids).unwrap();
+    let view = ctx.view_2d(w, 64, 8, ctx[w].nb()[1], 0).unwrap();
+    let mm_view = ctx.mul_mat(view, x).unwrap();
+    let dev = cpu_device();
+    assert!(dev.supports_op(&ctx, mm));
+    assert!(
+        !dev.supports_op(&ctx, rows),
+        "GET_ROWS would read interleaved bytes"
+    );
+    assert!(
+        !dev.supports_op(&ctx, mm_view),
+        "a view into a repacked tensor"
+    );
+    // Weights in a plain buffer: all of them are fine.
+    let mut c2 = Context::new();
+    let w = c2.new_tensor_2d(ElementType::Q4_0, 64, 16).unwrap();
+    let pbuf = cpu_buffer_type().alloc_buffer(c2[w].nbytes()).unwrap();
+    tensor_alloc(&mut c2, &pbuf, w, 0).unwrap();
+    let ids = c2.new_tensor_1d(ElementType::I32, 2).unwrap();
+    let rows = c2.get_rows(w, ids).unwrap();
+    assert!(dev.supports_op(&c2, rows));
+}

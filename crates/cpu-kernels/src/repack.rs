@@ -1,0 +1,742 @@
+//! The interleaved q4_0 layout of the CPU device's `CPU_REPACK` buffer type, and its
+//! matrix-product kernels.
+//!
+//! Why: a q4_0 row keeps each block's scale next to its 16 quant bytes (18 bytes a block), so
+//! a kernel that computes several rows at once gathers 2-byte scales and 16-byte quant runs
+//! from as many streams and spends most of its instructions moving them into place. Here the
+//! blocks of [`GROUP_ROWS`] consecutive rows are interleaved: per block index `b` of a group,
+//! the sixteen rows' f16 scales (32 bytes), then four 64-byte chunks, chunk `c` holding bytes
+//! `4c .. 4c + 4` of the sixteen rows' quants, row `r` at bytes `4r .. 4r + 4` of the chunk.
+//! One 512-bit load then gives four quant bytes of each of the sixteen rows in its sixteen
+//! 32-bit lanes, so VNNI's `dpbusd` against the column's four matching bytes (broadcast)
+//! sums row `r` in lane `r`: a block of sixteen rows is four loads, eight nibble masks and
+//! eight `dpbusd`, with no shuffles and no horizontal sums; the scales convert with one
+//! F16C instruction. A group is one contiguous stream of `16 · row bytes`.
+//!
+//! The layout is a permutation of the plain bytes within each group (nothing added, nothing
+//! dropped, no bits changed), so filling a tensor with one byte value is the same in both
+//! layouts and [`segments`] maps any plain byte range to where it lives. Which tensors use it:
+//! [`is_repackable`]. The integer block sums are exact and the f32 operations (scale product,
+//! FMA into an even-block and an odd-block accumulator, one final add) are those of the plain
+//! q4_0 kernels in the same order, so a product over repacked weights has the same bits as
+//! over the plain ones at every instruction-set level.
+
+use std::any::Any;
+use std::ptr::NonNull;
+
+use backend_core::{BackendError, BufferImpl};
+use graph::{ElementType, Tensor};
+use half::f16;
+
+use crate::quant::{Isa, QK};
+
+/// Rows interleaved in one group of the repacked layout.
+pub const GROUP_ROWS: usize = 16;
+/// Bytes of one block index of a group: sixteen f16 scales and sixteen rows' 16 quant bytes.
+pub(crate) const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * 18;
+/// Bytes of one plain q4_0 block.
+const BLOCK: usize = 18;
+
+/// Name of the CPU device's buffer type that stores q4_0 matrices in this layout (ggml's
+/// `CPU_REPACK`). Tensors in a buffer of this type are repacked when [`is_repackable`].
+pub const REPACK_BUFFER_TYPE_NAME: &str = "CPU_REPACK";
+
+/// Whether `t`, placed in a [`REPACK_BUFFER_TYPE_NAME`] buffer, is stored repacked: a q4_0
+/// tensor that is not a view, with dense rows and a multiple of [`GROUP_ROWS`] rows per
+/// matrix (`ne[1]`), so groups never straddle two matrices. Any other tensor in such a buffer
+/// is stored as it is.
+///
+/// ```
+/// use graph::{Context, ElementType};
+/// let mut ctx = Context::new();
+/// let w = ctx.new_tensor_2d(ElementType::Q4_0, 64, 32)?;
+/// let odd = ctx.new_tensor_2d(ElementType::Q4_0, 64, 24)?;
+/// assert!(cpu_kernels::repack::is_repackable(&ctx[w]));
+/// assert!(!cpu_kernels::repack::is_repackable(&ctx[odd]));
+/// # Ok::<(), graph::GraphError>(())
+/// ```
+pub fn is_repackable(t: &Tensor) -> bool {
+    let ne = t.ne();
+    t.ty() == ElementType::Q4_0
+        && t.view_src().is_none()
+        && t.is_contiguous()
+        && ne[0] > 0
+        && ne[1] > 0
+        && (ne[1] as usize).is_multiple_of(GROUP_ROWS)
+}
+
+/// How the kernels must read a tensor's bytes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// As its type says.
+    Plain,
+    /// Interleaved in groups of [`GROUP_ROWS`] rows (a [`is_repackable`] tensor in a
+    /// [`REPACK_BUFFER_TYPE_NAME`] buffer).
+    Repacked,
+    /// A view into a repacked tensor: its bytes are not where its strides say.
+    Unreadable,
+}
+
+/// The layout of tensor `id`'s bytes.
+pub(crate) fn layout(ctx: &graph::Context, id: graph::TensorId) -> Layout {
+    let Ok(t) = ctx.get(id) else {
+        return Layout::Plain;
+    };
+    // Only q4_0 is repacked, and views keep their root's type: other tensors are plain
+    // without looking at their buffer (this runs for every source of every node).
+    if t.ty() != ElementType::Q4_0 {
+        return Layout::Plain;
+    }
+    let in_repack = t
+        .storage()
+        .and_then(backend_core::Buffer::from_storage)
+        .is_some_and(|b| RepackBuffer::of(&b).is_some());
+    if !in_repack {
+        return Layout::Plain;
+    }
+    if is_repackable(t) {
+        return Layout::Repacked;
+    }
+    match t.view_src().and_then(|s| ctx.get(s).ok()) {
+        Some(root) if is_repackable(root) => Layout::Unreadable,
+        _ => Layout::Plain,
+    }
+}
+
+/// Whether node `id` can read its sources and write its result given their layouts: a
+/// repacked tensor only as the weights (source 0) of MUL_MAT, never a view into one.
+pub(crate) fn layouts_supported(ctx: &graph::Context, id: graph::TensorId) -> bool {
+    let Ok(t) = ctx.get(id) else {
+        return false;
+    };
+    if t.op().is_view_op() || t.op() == graph::Op::None {
+        return true;
+    }
+    if layout(ctx, id) != Layout::Plain {
+        return false;
+    }
+    (0..graph::MAX_SRC).all(|i| match t.src(i).map(|s| layout(ctx, s)) {
+        None | Some(Layout::Plain) => true,
+        Some(Layout::Repacked) => i == 0 && t.op() == graph::Op::MulMat,
+        Some(Layout::Unreadable) => false,
+    })
+}
+
+/// A buffer of the [`REPACK_BUFFER_TYPE_NAME`] type: host memory (`inner`, a plain CPU
+/// buffer) whose [`is_repackable`] tensors are stored interleaved. Writes and reads of
+/// those tensors go through the layout (`set_tensor` repacks, `get_tensor` returns the
+/// plain q4_0 bytes), whatever the byte range; other tensors pass through unchanged.
+///
+/// It has no host pointer: the generic copies of `backend_core` would move its bytes raw,
+/// so they take its `get_tensor`/`set_tensor` instead; the CPU kernels find its memory
+/// through it (`RepackBuffer::of`) and read the layout themselves. Made by
+/// `backend_cpu::cpu_repack_buffer_type`, whose docs show it in use.
+pub struct RepackBuffer {
+    inner: Box<dyn BufferImpl>,
+}
+
+impl RepackBuffer {
+    /// Wrap `inner`, a host buffer (its `host_ptr` must be `Some` unless it is empty).
+    pub fn new(inner: Box<dyn BufferImpl>) -> RepackBuffer {
+        RepackBuffer { inner }
+    }
+
+    /// The repack buffer behind `buf`, if it is one.
+    pub(crate) fn of(buf: &backend_core::Buffer) -> Option<&RepackBuffer> {
+        buf.implementation()?
+            .as_any()
+            .downcast_ref::<RepackBuffer>()
+    }
+
+    /// Where the kernels read the buffer's bytes.
+    pub(crate) fn data_ptr(&self) -> Option<NonNull<u8>> {
+        self.inner.host_ptr()
+    }
+
+    /// Run `f(plain_off, packed_off, len)` over the runs of `range` (plain offsets within
+    /// `tensor`) after checking that it lies inside the tensor.
+    fn map_range(
+        tensor: &Tensor,
+        offset: usize,
+        len: usize,
+        f: impl FnMut(usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        let end = Self::check(tensor, offset, len)?;
+        segments(tensor.ne()[0] as usize, offset..end, f);
+        Ok(())
+    }
+
+    /// The end of `offset .. offset + len` if that lies inside `tensor`.
+    fn check(tensor: &Tensor, offset: usize, len: usize) -> Result<usize, BackendError> {
+        let n = tensor.nbytes();
+        offset
+            .checked_add(len)
+            .filter(|&e| e <= n)
+            .ok_or_else(|| BackendError::out_of_bounds("repacked tensor", offset, len, n))
+    }
+}
+
+impl BufferImpl for RepackBuffer {
+    fn memset_tensor(
+        &self,
+        tensor: &Tensor,
+        value: u8,
+        offset: usize,
+        size: usize,
+    ) -> Result<(), BackendError> {
+        if !is_repackable(tensor) {
+            return self.inner.memset_tensor(tensor, value, offset, size);
+        }
+        let mut res = Ok(());
+        Self::map_range(tensor, offset, size, |_, q, n| {
+            if res.is_ok() {
+                res = self.inner.memset_tensor(tensor, value, q, n);
+            }
+        })?;
+        res
+    }
+    fn set_tensor(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        if !is_repackable(tensor) {
+            return self.inner.set_tensor(tensor, offset, data);
+        }
+        Self::check(tensor, offset, data.len())?;
+        let k = tensor.ne()[0] as usize;
+        let group = k / QK * GROUP_BLOCK_BYTES;
+        // Whole groups are repacked in a scratch group and written at once; the partial
+        // groups at either end run by run.
+        let first = offset.next_multiple_of(group);
+        let last = (offset + data.len()) / group * group;
+        let mut res = Ok(());
+        let mut put = |p: usize, q: usize, n: usize| {
+            if res.is_ok() {
+                res = self
+                    .inner
+                    .set_tensor(tensor, q, &data[p - offset..p - offset + n]);
+            }
+        };
+        if first >= last {
+            Self::map_range(tensor, offset, data.len(), &mut put)?;
+            return res;
+        }
+        Self::map_range(tensor, offset, first - offset, &mut put)?;
+        Self::map_range(tensor, last, offset + data.len() - last, &mut put)?;
+        res?;
+        let mut scratch = vec![0u8; group];
+        for g in (first..last).step_by(group) {
+            pack(k, &data[g - offset..g - offset + group], &mut scratch);
+            self.inner.set_tensor(tensor, g, &scratch)?;
+        }
+        Ok(())
+    }
+    fn get_tensor(
+        &self,
+        tensor: &Tensor,
+        offset: usize,
+        data: &mut [u8],
+    ) -> Result<(), BackendError> {
+        if !is_repackable(tensor) {
+            return self.inner.get_tensor(tensor, offset, data);
+        }
+        Self::check(tensor, offset, data.len())?;
+        let k = tensor.ne()[0] as usize;
+        let group = k / QK * GROUP_BLOCK_BYTES;
+        let first = offset.next_multiple_of(group);
+        let last = (offset + data.len()) / group * group;
+        let mut res = Ok(());
+        let mut get = |data: &mut [u8], p: usize, q: usize, n: usize| {
+            if res.is_ok() {
+                res = self
+                    .inner
+                    .get_tensor(tensor, q, &mut data[p - offset..p - offset + n]);
+            }
+        };
+        if first >= last {
+            let len = data.len();
+            Self::map_range(tensor, offset, len, |p, q, n| get(data, p, q, n))?;
+            return res;
+        }
+        let tail = offset + data.len() - last;
+        Self::map_range(tensor, offset, first - offset, |p, q, n| get(data, p, q, n))?;
+        Self::map_range(tensor, last, tail, |p, q, n| get(data, p, q, n))?;
+        res?;
+        let mut scratch = vec![0u8; group];
+        for g in (first..last).step_by(group) {
+            self.inner.get_tensor(tensor, g, &mut scratch)?;
+            unpack(k, &scratch, &mut data[g - offset..g - offset + group]);
+        }
+        Ok(())
+    }
+    fn clear(&self, value: u8) -> Result<(), BackendError> {
+        // One value everywhere is the same bytes in either layout.
+        self.inner.clear(value)
+    }
+    fn is_writable(&self) -> bool {
+        self.inner.is_writable()
+    }
+    fn base_address(&self) -> u64 {
+        self.inner.base_address()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Where the plain bytes `range` of a repacked tensor with `k` elements per row live: calls
+/// `f(plain_offset, packed_offset, len)` for consecutive runs (a scale's two bytes, or four
+/// quant bytes), in order of `plain_offset`, covering `range` exactly. Offsets are from the
+/// tensor's first byte; `range` must lie inside the tensor (the caller checks it).
+///
+/// ```
+/// // Row 1's first block: its scale follows row 0's, its quants sit 4 bytes into each chunk.
+/// let row = 2 * 18; // k = 64: two blocks per row
+/// let mut runs = Vec::new();
+/// cpu_kernels::repack::segments(64, row..row + 18, |p, q, n| runs.push((p, q, n)));
+/// assert_eq!(runs[0], (row, 2, 2));
+/// assert_eq!(runs[1], (row + 2, 32 + 4, 4));
+/// assert_eq!(runs[4], (row + 14, 32 + 3 * 64 + 4, 4));
+/// ```
+pub fn segments(k: usize, range: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
+    let row_size = k / QK * BLOCK;
+    if row_size == 0 {
+        return;
+    }
+    let mut off = range.start;
+    while off < range.end {
+        let (row, within) = (off / row_size, off % row_size);
+        let (b, j) = (within / BLOCK, within % BLOCK);
+        let (group, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
+        let base = group * GROUP_ROWS * row_size + b * GROUP_BLOCK_BYTES;
+        let (at, run) = if j < 2 {
+            (base + 2 * r + j, 2 - j)
+        } else {
+            let q = j - 2;
+            (base + 32 + 64 * (q / 4) + 4 * r + q % 4, 4 - q % 4)
+        };
+        let n = run.min(range.end - off);
+        f(off, at, n);
+        off += n;
+    }
+}
+
+/// Repack whole groups: `plain` holds rows of `k` elements in q4_0, a multiple of
+/// [`GROUP_ROWS`] of them; `out` (as long) receives them in the interleaved layout.
+pub fn pack(k: usize, plain: &[u8], out: &mut [u8]) {
+    assert_eq!(plain.len(), out.len(), "pack: lengths differ");
+    segments(k, 0..plain.len(), |p, q, n| {
+        out[q..q + n].copy_from_slice(&plain[p..p + n]);
+    });
+}
+
+/// The inverse of [`pack`].
+pub fn unpack(k: usize, packed: &[u8], out: &mut [u8]) {
+    assert_eq!(packed.len(), out.len(), "unpack: lengths differ");
+    segments(k, 0..out.len(), |p, q, n| {
+        out[p..p + n].copy_from_slice(&packed[q..q + n]);
+    });
+}
+
+/// `out[c][r]` = row `r` of the repacked group `group` dotted with column `cols[c]` packed by
+/// `quant::quantize_q8_col` (all of the same block count `nb`; `group` holds at least
+/// `nb` block indices). The same bits as `quant::dot_q4_0_q8_0_rows` on the plain rows.
+pub(crate) fn dot_group<const NC: usize>(
+    isa: Isa,
+    group: &[u8],
+    cols: [&[u8]; NC],
+) -> [[f32; GROUP_ROWS]; NC] {
+    let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
+    assert!(
+        cols.iter().all(|c| c.len() == nb * (QK + 8)) && group.len() >= nb * GROUP_BLOCK_BYTES,
+        "repack::dot_group: short group or column (a kernel bug)"
+    );
+    match isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx512 if x86::has_avx512() => {
+            // SAFETY: the CPU has the features (checked in the guard); `group` holds `nb`
+            // block indices and every column `nb` packed blocks (asserted above).
+            unsafe { x86::dot_group_vnni(group, cols, nb) }
+        }
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx2 | Isa::Avx512 if x86::has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C; lengths as above.
+            unsafe { x86::dot_group_avx2(group, cols, nb) }
+        }
+        _ => cols.map(|c| dot_group_scalar(group, c, nb)),
+    }
+}
+
+/// [`dot_group`] for one column in portable code: per block the exact integer
+/// `Σ nibble · q − 8 · Σ q`, the scale product rounded to f32, an FMA into the even- or
+/// odd-block accumulator; the two added at the end (as `quant::dot_q4_0_col_scalar`).
+fn dot_group_scalar(group: &[u8], col: &[u8], nb: usize) -> [f32; GROUP_ROWS] {
+    let (qs, rest) = col.split_at(nb * QK);
+    let (ds, cs) = rest.split_at(nb * 4);
+    let word = |s: &[u8], b: usize| [s[4 * b], s[4 * b + 1], s[4 * b + 2], s[4 * b + 3]];
+    let mut acc = [[0.0f32; GROUP_ROWS]; 2];
+    for b in 0..nb {
+        let blk = &group[b * GROUP_BLOCK_BYTES..(b + 1) * GROUP_BLOCK_BYTES];
+        let q = &qs[b * QK..(b + 1) * QK];
+        let dy = f32::from_le_bytes(word(ds, b));
+        let c = i32::from_le_bytes(word(cs, b));
+        for (r, a) in acc[b % 2].iter_mut().enumerate() {
+            let dx = f16::from_bits(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]])).to_f32();
+            let mut s = 0i32;
+            for j in 0..QK / 2 {
+                let x = blk[32 + 64 * (j / 4) + 4 * r + j % 4];
+                s += i32::from(x & 0x0f) * i32::from(q[j] as i8);
+                s += i32::from(x >> 4) * i32::from(q[j + QK / 2] as i8);
+            }
+            *a = (dx * dy).mul_add((s - c) as f32, *a);
+        }
+    }
+    std::array::from_fn(|r| acc[0][r] + acc[1][r])
+}
+
+/// The kernels with intrinsics (see the module docs for the data flow).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{GROUP_BLOCK_BYTES, GROUP_ROWS, QK};
+
+    pub(super) fn has_avx2() -> bool {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+
+    pub(super) fn has_avx512() -> bool {
+        has_avx2()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// How far ahead of the block being computed the group is prefetched, in bytes.
+    const PREFETCH: usize = 4 * GROUP_BLOCK_BYTES;
+
+    /// Pointers to the parts of a packed column (`quant::quantize_q8_col`).
+    #[derive(Copy, Clone)]
+    struct Col {
+        qs: *const u8,
+        ds: *const f32,
+        cs: *const i32,
+    }
+
+    fn col_parts(col: &[u8], nb: usize) -> Col {
+        let base = col.as_ptr();
+        Col {
+            qs: base,
+            ds: base.wrapping_add(nb * QK).cast(),
+            cs: base.wrapping_add(nb * (QK + 4)).cast(),
+        }
+    }
+
+    /// One block index `$b` of sixteen rows into the accumulators `$acc` (one per column).
+    macro_rules! vnni_step {
+        ($g:expr, $cols:expr, $b:expr, $acc:expr) => {{
+            let b: usize = $b;
+            // SAFETY: block index b < nb exists in the group and every column (caller's
+            // contract); the prefetch address may lie past the end (prefetches never fault).
+            unsafe {
+                let p = $g.add(b * GROUP_BLOCK_BYTES);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 64).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 128).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 192).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 256).cast());
+                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+                let m4 = _mm512_set1_epi8(0x0f);
+                let raw: [__m512i; 4] =
+                    std::array::from_fn(|c| _mm512_loadu_si512(p.add(32 + 64 * c).cast()));
+                let x: [__m512i; 8] = std::array::from_fn(|j| {
+                    if j < 4 {
+                        _mm512_and_si512(raw[j], m4)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(raw[j - 4]), m4)
+                    }
+                });
+                for (acc, c) in $acc.iter_mut().zip(&$cols) {
+                    let q = c.qs.add(QK * b);
+                    let y =
+                        |j: usize| _mm512_set1_epi32(q.add(4 * j).cast::<i32>().read_unaligned());
+                    // Four chains of two (a low- and a high-nibble group each): with two
+                    // chains of four the batched shapes ran measurably slower (latency).
+                    let z = _mm512_setzero_si512();
+                    let s: [__m512i; 4] = std::array::from_fn(|j| {
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x[j], y(j)), x[j + 4], y(j + 4))
+                    });
+                    let s = _mm512_sub_epi32(
+                        _mm512_add_epi32(
+                            _mm512_add_epi32(s[0], s[1]),
+                            _mm512_add_epi32(s[2], s[3]),
+                        ),
+                        _mm512_set1_epi32(c.cs.add(b).read_unaligned()),
+                    );
+                    let d = _mm512_mul_ps(dx, _mm512_set1_ps(c.ds.add(b).read_unaligned()));
+                    *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), *acc);
+                }
+            }
+        }};
+    }
+
+    /// [`super::dot_group`] with AVX-512 VNNI: sixteen rows in the sixteen lanes.
+    ///
+    /// # Safety
+    /// The CPU must have the `has_avx512` features; `group` must hold `nb` block indices and
+    /// every column `nb` packed blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_group_vnni<const NC: usize>(
+        group: &[u8],
+        cols: [&[u8]; NC],
+        nb: usize,
+    ) -> [[f32; GROUP_ROWS]; NC] {
+        let g = group.as_ptr();
+        let c = cols.map(|col| col_parts(col, nb));
+        let mut even = [_mm512_setzero_ps(); NC];
+        let mut odd = [_mm512_setzero_ps(); NC];
+        let mut b = 0;
+        while b + 2 <= nb {
+            vnni_step!(g, c, b, even);
+            vnni_step!(g, c, b + 1, odd);
+            b += 2;
+        }
+        if b < nb {
+            vnni_step!(g, c, b, even);
+        }
+        let mut out = [[0.0f32; GROUP_ROWS]; NC];
+        for ((o, e), d) in out.iter_mut().zip(even).zip(odd) {
+            // SAFETY: `o` holds sixteen floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_add_ps(e, d)) };
+        }
+        out
+    }
+
+    /// One block index `$b` of sixteen rows (two halves of eight) with AVX2 into `$acc`.
+    /// `maddubs` sums pairs of products into i16; the eight `maddubs` of a block add up in
+    /// i16 without overflow (each i16 lane then sums 16 products of at most 15 · 128 in
+    /// magnitude: 30720 < 32767), then `madd` with ones gives the row's i32 in its lane.
+    macro_rules! avx2_step {
+        ($g:expr, $cols:expr, $b:expr, $acc:expr) => {{
+            let b: usize = $b;
+            // SAFETY: as in `vnni_step`.
+            unsafe {
+                let p = $g.add(b * GROUP_BLOCK_BYTES);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 64).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 128).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 192).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + 256).cast());
+                let m4 = _mm256_set1_epi8(0x0f);
+                let ones = _mm256_set1_epi16(1);
+                for h in 0..2 {
+                    let dx = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
+                    let raw: [__m256i; 4] = std::array::from_fn(|c| {
+                        _mm256_loadu_si256(p.add(32 + 64 * c + 32 * h).cast())
+                    });
+                    let x: [__m256i; 8] = std::array::from_fn(|j| {
+                        if j < 4 {
+                            _mm256_and_si256(raw[j], m4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(raw[j - 4]), m4)
+                        }
+                    });
+                    for (acc, c) in $acc.iter_mut().zip(&$cols) {
+                        let q = c.qs.add(QK * b);
+                        let y = |j: usize| {
+                            _mm256_set1_epi32(q.add(4 * j).cast::<i32>().read_unaligned())
+                        };
+                        let mut s16 = _mm256_maddubs_epi16(x[0], y(0));
+                        for j in 1..8 {
+                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(x[j], y(j)));
+                        }
+                        let s = _mm256_sub_epi32(
+                            _mm256_madd_epi16(s16, ones),
+                            _mm256_set1_epi32(c.cs.add(b).read_unaligned()),
+                        );
+                        let d = _mm256_mul_ps(dx, _mm256_set1_ps(c.ds.add(b).read_unaligned()));
+                        acc[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[h]);
+                    }
+                }
+            }
+        }};
+    }
+
+    /// [`super::dot_group`] with AVX2: the sixteen rows as two vectors of eight lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; lengths as for [`dot_group_vnni`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_group_avx2<const NC: usize>(
+        group: &[u8],
+        cols: [&[u8]; NC],
+        nb: usize,
+    ) -> [[f32; GROUP_ROWS]; NC] {
+        let g = group.as_ptr();
+        let c = cols.map(|col| col_parts(col, nb));
+        let mut even = [[_mm256_setzero_ps(); 2]; NC];
+        let mut odd = [[_mm256_setzero_ps(); 2]; NC];
+        let mut b = 0;
+        while b + 2 <= nb {
+            avx2_step!(g, c, b, even);
+            avx2_step!(g, c, b + 1, odd);
+            b += 2;
+        }
+        if b < nb {
+            avx2_step!(g, c, b, even);
+        }
+        let mut out = [[0.0f32; GROUP_ROWS]; NC];
+        for ((o, e), d) in out.iter_mut().zip(even).zip(odd) {
+            for h in 0..2 {
+                // SAFETY: `o` holds sixteen floats, eight from `8 · h`.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * h), _mm256_add_ps(e[h], d[h])) };
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{self, ROWS};
+
+    /// Deterministic bytes.
+    fn bytes(seed: u64, n: usize) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 32) as u8
+            })
+            .collect()
+    }
+
+    /// Plain q4_0 rows with finite scales in [2^-8, 2), random quants; extremes in block 0.
+    fn plain_rows(seed: u64, k: usize, rows: usize) -> Vec<u8> {
+        let mut v = bytes(seed, rows * k / QK * BLOCK);
+        for (i, blk) in v.chunks_exact_mut(BLOCK).enumerate() {
+            let e = 0x2000 | u16::from(blk[1] & 0x0f) << 10 | u16::from(blk[0]);
+            let sign = if i % 3 == 0 { 0x8000 } else { 0 };
+            blk[..2].copy_from_slice(&(e | sign).to_le_bytes());
+        }
+        let row = k / QK * BLOCK;
+        v[2..BLOCK].fill(0xff);
+        if rows > 1 {
+            v[row + 2..row + BLOCK].fill(0);
+        }
+        v
+    }
+
+    fn column(seed: u64, k: usize) -> Vec<u8> {
+        let xs: Vec<f32> = bytes(seed, k)
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                if i < QK {
+                    [1.0, -1.0][i % 2]
+                } else {
+                    f32::from(b as i8) / 37.0
+                }
+            })
+            .collect();
+        let mut col = vec![0u8; quant::q8_col_bytes(k)];
+        quant::quantize_q8_col(&xs, &mut col);
+        col
+    }
+
+    #[test]
+    fn pack_is_a_permutation_and_unpack_inverts_it() {
+        let shapes: &[(usize, usize)] = if cfg!(miri) {
+            &[(64, 16)]
+        } else {
+            &[(32, 16), (64, 32), (96, 16)]
+        };
+        for &(k, rows) in shapes {
+            let plain = plain_rows(3, k, rows);
+            let mut packed = vec![0u8; plain.len()];
+            pack(k, &plain, &mut packed);
+            let mut a = plain.clone();
+            let mut b = packed.clone();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "k={k}");
+            let mut back = vec![0u8; plain.len()];
+            unpack(k, &packed, &mut back);
+            assert_eq!(back, plain, "k={k}");
+            // Every packed byte is written exactly once.
+            let mut hit = vec![0u8; plain.len()];
+            segments(k, 0..plain.len(), |_, q, n| {
+                hit[q..q + n].iter_mut().for_each(|h| *h += 1)
+            });
+            assert!(hit.iter().all(|&h| h == 1));
+        }
+    }
+
+    /// A sub-range maps to the same places as the whole.
+    #[test]
+    fn segments_of_a_range_agree_with_the_whole() {
+        let k = 64;
+        let n = 16 * 2 * BLOCK;
+        let mut whole = vec![usize::MAX; n];
+        segments(k, 0..n, |p, q, len| {
+            for i in 0..len {
+                whole[p + i] = q + i;
+            }
+        });
+        for (s, e) in [(0, 1), (1, 3), (5, 40), (37, 37), (100, n)] {
+            let mut next = s;
+            segments(k, s..e, |p, q, len| {
+                assert_eq!(p, next);
+                for i in 0..len {
+                    assert_eq!(q + i, whole[p + i]);
+                }
+                next = p + len;
+            });
+            assert_eq!(next, e.max(s));
+        }
+    }
+
+    /// Every level gives the bits of the plain q4_0 kernel on the same rows, for any
+    /// column count, and one column's result does not depend on the others.
+    #[test]
+    fn repacked_products_equal_the_plain_ones_bit_for_bit() {
+        let nbs: &[usize] = if cfg!(miri) {
+            &[1, 2]
+        } else {
+            &[1, 2, 3, 8, 128]
+        };
+        for &nb in nbs {
+            let k = nb * QK;
+            let plain = plain_rows(nb as u64, k, GROUP_ROWS);
+            let mut packed = vec![0u8; plain.len()];
+            pack(k, &plain, &mut packed);
+            let cols: Vec<Vec<u8>> = (0..4).map(|c| column(c + 10, k)).collect();
+            let row = |r: usize| &plain[r * nb * BLOCK..(r + 1) * nb * BLOCK];
+            let mut want = [[0u32; GROUP_ROWS]; 4];
+            for (c, col) in cols.iter().enumerate() {
+                for h in 0..GROUP_ROWS / ROWS {
+                    let rws: [&[u8]; ROWS] = std::array::from_fn(|j| row(h * ROWS + j));
+                    let [d] = quant::dot_q4_0_q8_0_rows(Isa::Scalar, rws, [&col[..]]);
+                    for j in 0..ROWS {
+                        want[c][h * ROWS + j] = d[j].to_bits();
+                    }
+                }
+            }
+            for isa in Isa::available() {
+                let four = dot_group(isa, &packed, [&cols[0][..], &cols[1], &cols[2], &cols[3]]);
+                for c in 0..4 {
+                    assert_eq!(
+                        four[c].map(f32::to_bits),
+                        want[c],
+                        "{isa:?} nb={nb} col {c}"
+                    );
+                    let [one] = dot_group(isa, &packed, [&cols[c][..]]);
+                    assert_eq!(one.map(f32::to_bits), want[c], "{isa:?} nb={nb} col {c}");
+                }
+            }
+        }
+    }
+}
