@@ -97,6 +97,14 @@ fn greedy_agrees_with_llama_cpp_without_flash_attention() {
     run_file("greedy-nofa.jsonl", KNOWN_WIDER);
 }
 
+/// The same rule against llama.cpp's native build on an AVX-512 machine
+/// (`greedy-nofa-native.jsonl`, whose summation orders our kernels follow): every prompt,
+/// with no exception list.
+#[test]
+fn greedy_agrees_with_llama_cpp_native_build() {
+    run_file("greedy-nofa-native.jsonl", &[]);
+}
+
 /// llama.cpp's default path (flash attention) computes attention differently (F16 Q and
 /// accumulator for short batches); informational: `cargo test -p llm --test agreement --
 /// --ignored` shows how far our (plain-path) decode is from it.
