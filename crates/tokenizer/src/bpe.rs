@@ -147,6 +147,14 @@ impl Bpe {
     /// come from the interner, so they are below `sym_token.len() == sym_text.len()`; a pair
     /// is queued only when its merge is in the table, so the popped pair's lookup finds it.
     pub(crate) fn word(&self, bytes: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
+        if bytes.len() >= NONE as usize {
+            // Positions are u32 (NONE is the end marker): a word of 4 GiB or more is merged
+            // in pieces that fit, rather than letting the positions wrap.
+            for piece in bytes.chunks(NONE as usize - 1) {
+                self.word(piece, s, out);
+            }
+            return;
+        }
         let n = bytes.len();
         s.syms.clear();
         s.heap.clear();
