@@ -272,7 +272,11 @@ fn write_trace(a: &Args, t: &sched::trace::ChromeTrace) -> Result<(), String> {
         );
     }
     if let Some(f) = &a.trace_picture {
-        let title = format!("SmolLM2-135M run, {} prompts", a.prompts.len());
+        let n = a.prompts.len();
+        let title = format!(
+            "SmolLM2-135M run, {n} prompt{}",
+            if n == 1 { "" } else { "s" }
+        );
         sched::dot::render(&t.timeline_dot(&title), f).map_err(|e| e.to_string())?;
         eprintln!("trace picture written to {}", f.display());
     }

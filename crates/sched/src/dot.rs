@@ -37,6 +37,8 @@ const PALETTE: [&str; 8] = [
     "#4e79a7", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f", "#e15759",
 ];
 const CPU_GREY: &str = "#a0a0a0";
+/// Above this many nodes a plan's DOT asks `dot` for a cheaper layout (see `write_dot`).
+const LARGE_PLAN_NODES: usize = 400;
 
 /// The colour of backend `backend` of `n_backends` in the pictures (plans and traces).
 pub fn backend_colour(backend: usize, n_backends: usize) -> &'static str {
@@ -316,6 +318,13 @@ pub fn write_dot(s: &Scheduler, ctx: &Context, graph: &Graph, title: &str, out: 
         "  graph [rankdir=TB, newrank=true, nodesep=0.12, ranksep=0.22, \
          fontname=\"Helvetica\", fontsize=11, labelloc=t, labeljust=l];"
     );
+    if nodes.len() > LARGE_PLAN_NODES {
+        // `dot`'s rank and crossing optimisation grows fast with size: a whole SmolLM2 decode
+        // step (about 1,000 nodes, 300 weights) did not finish in 15 minutes, and with one
+        // network-simplex pass and a tenth of the crossing-minimisation budget it draws in
+        // about 13 s (the layout is then less compact, not wrong).
+        let _ = writeln!(out, "  graph [nslimit=1, nslimit1=1, mclimit=0.1];");
+    }
     let _ = writeln!(
         out,
         "  node [fontname=\"Helvetica\", fontsize=9, height=0.32, margin=\"0.06,0.02\", penwidth=1.2];"

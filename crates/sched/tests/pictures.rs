@@ -160,3 +160,30 @@ fn render_reports_a_dot_syntax_error() {
         "{err}"
     );
 }
+
+/// A large plan (here about 600 nodes) asks `dot` for its cheaper layout, which it can then
+/// draw; a fixture-sized one keeps the full layout.
+#[test]
+fn a_large_plan_asks_for_the_cheaper_layout_and_is_drawn() {
+    let big = sched::llama::LlamaConfig::tiny(16)
+        .offload("GPU0", 8)
+        .graph_file("big");
+    let dot = big.dot("big").unwrap();
+    assert!(
+        dot.contains("nslimit=1"),
+        "a large plan keeps the costly layout"
+    );
+    let small = graph_file("llama-2gpu-L4").dot("small").unwrap();
+    assert!(
+        !small.contains("nslimit"),
+        "a small plan lost the full layout"
+    );
+    if !have_dot() {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("sched-big-plan-{}.svg", std::process::id()));
+    sched::dot::render(&dot, &out).unwrap();
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert!(svg.contains("cluster_split"), "the clusters are drawn");
+}
