@@ -485,11 +485,7 @@ impl Llama {
 
     /// Names of the scheduler's backends, in its order (the tracks of a trace).
     pub fn backend_names(&self) -> Vec<String> {
-        self.sched
-            .backends()
-            .iter()
-            .map(|b| b.name().to_owned())
-            .collect()
+        self.sched.backend_names()
     }
 
     /// Splits of the last planned graph.

@@ -587,6 +587,18 @@ impl Scheduler {
         &self.backends
     }
 
+    /// The backends' names, in priority order: the tracks of a [`crate::trace::ChromeTrace`].
+    ///
+    /// ```
+    /// let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let sched = sched::Scheduler::new(vec![cpu], None, 64, false)?;
+    /// assert_eq!(sched.backend_names(), ["CPU"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn backend_names(&self) -> Vec<String> {
+        self.backends.iter().map(|b| b.name().to_owned()).collect()
+    }
+
     /// The buffer type compute memory of backend `i` is allocated in.
     pub fn buffer_type(&self, i: usize) -> Option<&BufferType> {
         self.bufts.get(i)

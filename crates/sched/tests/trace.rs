@@ -72,11 +72,7 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
     let mut model = Model::build(&cfg, &place, SEED);
     let mut sched =
         Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
-    let names: Vec<String> = sched
-        .backends()
-        .iter()
-        .map(|b| b.name().to_owned())
-        .collect();
+    let names = sched.backend_names();
     let trace = ChromeTrace::new(names.clone());
     assert!(
         sched
