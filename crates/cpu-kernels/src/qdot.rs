@@ -121,9 +121,9 @@ fn cvt_i32(v: f32) -> i32 {
 /// Quantize `x` (a multiple of 32 long) by ggml's x86 rule (module docs) into the packed
 /// column layout: `nb · 32` quants, `nb` f32 scales, `nb` f32 sums.
 ///
-/// Portable code, compiled a second time with AVX2 enabled where the CPU has it (so that
-/// rounding is one instruction instead of a libm `rintf` call per element, and the block
-/// loops vectorise): the same operations, so the same bytes.
+/// Written with AVX2 intrinsics where the CPU has them (`x86::quantize_col_simd`: rounding is
+/// one instruction instead of a libm `rintf` call per element, several times faster than the
+/// portable code), else the portable code; the same bytes either way (tested).
 pub(crate) fn quantize_col(x: &[f32], out: &mut [u8]) {
     assert!(
         out.len() >= col_bytes(x.len()),
@@ -131,24 +131,14 @@ pub(crate) fn quantize_col(x: &[f32], out: &mut [u8]) {
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if x86::available() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        return unsafe { quantize_col_avx2(x, out) };
+        // SAFETY: the CPU has AVX2, FMA and F16C (just checked); `out` holds the packed
+        // column (asserted above).
+        return unsafe { x86::quantize_col_simd(x, out) };
     }
     quantize_col_body(x, out);
 }
 
-/// [`quantize_col`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_col_avx2(x: &[f32], out: &mut [u8]) {
-    quantize_col_body(x, out);
-}
-
-/// The body of [`quantize_col`] (`out` at least `col_bytes(x.len())` long).
-#[inline(always)]
+/// The portable body of [`quantize_col`] (`out` at least `col_bytes(x.len())` long).
 fn quantize_col_body(x: &[f32], out: &mut [u8]) {
     let nb = x.len() / QK;
     let (qs, rest) = out[..nb * (QK + 8)].split_at_mut(nb * QK);
@@ -168,23 +158,6 @@ fn quantize_col_body(x: &[f32], out: &mut [u8]) {
         ds[4 * b..4 * b + 4].copy_from_slice(&dh.to_le_bytes());
         ss[4 * b..4 * b + 4].copy_from_slice(&sh.to_le_bytes());
     }
-}
-
-/// [`quantize_col`] for the columns of a batch (a prompt's products quantize 64 to 512 of
-/// them on one thread before the threads start): the same bytes, written with AVX2
-/// intrinsics where the CPU has them, several times faster than the compiled portable code.
-pub(crate) fn quantize_col_wide(x: &[f32], out: &mut [u8]) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if x86::available() {
-        assert!(
-            out.len() >= col_bytes(x.len()),
-            "quantize_col_wide: short output (a kernel bug)"
-        );
-        // SAFETY: the CPU has AVX2, FMA and F16C (just checked); `out` holds the packed
-        // column (asserted above).
-        return unsafe { x86::quantize_col_simd(x, out) };
-    }
-    quantize_col(x, out);
 }
 
 /// ggml's `hsum_float_8` order.
@@ -965,9 +938,6 @@ mod tests {
         let mut got = vec![1u8; col_bytes(x.len())];
         quantize_col(&x, &mut got);
         assert_eq!(got, want);
-        let mut wide = vec![2u8; col_bytes(x.len())];
-        quantize_col_wide(&x, &mut wide);
-        assert_eq!(wide, want);
     }
 
     #[test]

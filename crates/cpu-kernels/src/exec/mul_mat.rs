@@ -98,8 +98,6 @@ impl Exec<'_> {
                 let out = &mut packed[c * col_bytes..(c + 1) * col_bytes];
                 if q4 {
                     quant::quantize_q8_col(tmp, out);
-                } else if ncols > 1 {
-                    qdot::quantize_col_wide(tmp, out);
                 } else {
                     qdot::quantize_col(tmp, out);
                 }
