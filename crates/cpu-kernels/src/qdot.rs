@@ -791,18 +791,7 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::quant::Isa;
-
-    fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::quant::tests::values;
 
     /// The quantizer, written out from the rule (not from the code above): quants, scale
     /// and sum of a block with exact ties.

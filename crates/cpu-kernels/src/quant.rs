@@ -799,11 +799,11 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// Deterministic values in [-1, 1).
-    fn values(seed: u64, n: usize) -> Vec<f32> {
+    /// Deterministic values in [-1, 1) (also the `qdot` tests' inputs).
+    pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {
