@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::golden::{self, RealServer};
+use common::golden::{self, real};
 use llm::{Llama, LlamaOptions};
 
 /// Two prompts: ChatML "Hi" (31 tokens) and a plain one.
@@ -83,7 +83,7 @@ fn blocks_shared_by_two_real_ggml_rpc_servers() {
     let Some(file) = golden::model_or_skip("rpc real") else {
         return;
     };
-    let (Some(a), Some(b)) = (RealServer::start("rpc real"), RealServer::start("rpc real")) else {
+    let (Some(a), Some(b)) = (real::start(), real::start()) else {
         return;
     };
     check(

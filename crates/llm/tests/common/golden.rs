@@ -172,47 +172,9 @@ pub fn compare_runs(base: &[(u32, Vec<f32>)], other: &[(u32, Vec<f32>)]) -> Resu
     Ok(worst)
 }
 
-/// A real ggml `rpc-server` (`RPC_SERVER_BIN`, built by `.ci/rpc-server-build.sh`) on a free
-/// loopback port, killed on drop.
-pub struct RealServer(std::process::Child, pub String);
-
-impl Drop for RealServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl RealServer {
-    /// Starts one, or `None` with a message when `RPC_SERVER_BIN` is unset — as backend-rpc's
-    /// interop tests do: `.ci/run` exports it when the server builds and warns when it cannot.
-    pub fn start(test: &str) -> Option<Self> {
-        use std::time::{Duration, Instant};
-        let Ok(bin) = std::env::var("RPC_SERVER_BIN") else {
-            eprintln!("{test}: SKIPPED, set RPC_SERVER_BIN (see .ci/rpc-server-build.sh)");
-            return None;
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = std::process::Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start rpc-server");
-        let ep = format!("127.0.0.1:{port}");
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(&ep).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "rpc-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        Some(RealServer(child, ep))
-    }
-}
+/// A real ggml `rpc-server` on a free loopback port, killed on drop: backend-rpc's interop
+/// helper, shared so that both crates apply one rule. Without `RPC_SERVER_BIN` the test skips
+/// with a message, and fails instead when `CI` is set (`.ci/run` fails when the server cannot
+/// be built, so under CI a missing binary is a broken setup, not a reason to skip).
+#[path = "../../../backend-rpc/tests/common/real.rs"]
+pub mod real;
