@@ -173,9 +173,25 @@ fn events_order_work_between_streams() {
     s2.event_wait(&ev).unwrap();
     // s2 copies x to y only after s1 reached the event
     backend_core::tensor_copy_async(&ctx, &s2, &s2, x, y).unwrap();
-    // s2's queue is blocked behind the event, which is blocked behind the pause
+    // s2's queue is blocked behind the event, which is blocked behind the pause: a waiter on
+    // s2 is still blocked after a while (without the wait, s2 would copy the zeros and be
+    // done at once; a correct wait can never fail this). Reading y alone would not show it:
+    // s2's copy may simply not have started yet.
+    let returned = Arc::new(AtomicBool::new(false));
+    let (s2b, r2) = (s2.clone(), returned.clone());
+    let waiter = std::thread::spawn(move || {
+        let r = s2b.synchronize();
+        r2.store(true, Ordering::SeqCst);
+        r
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !returned.load(Ordering::SeqCst),
+        "s2 finished its queue while s1 was paused before the event s2 waits for"
+    );
     assert_eq!(bytes_of(&ctx, y), vec![0u8; 64]);
     pause.release();
+    waiter.join().unwrap().unwrap();
     ev.synchronize().unwrap();
     s2.synchronize().unwrap();
     assert_eq!(bytes_of(&ctx, y), vec![9u8; 64]);
