@@ -1,0 +1,269 @@
+//! Scheduling decisions that depend on which buffer type a tensor lives in, computed end to
+//! end against the CPU backend alone.
+//!
+//! The other computed tests place everything in one of two buffer types (the CPU's host
+//! memory or the test device's memory), so a rule that asks "is this buffer type host
+//! memory?" or "can that backend read this buffer type?" always gets the same answer there
+//! and a change to it goes unnoticed. Here a third buffer type makes the answers differ:
+//! the CPU's `CPU_REPACK` weights, which only the CPU reads and which are not host memory
+//! (their bytes are not the tensors' plain bytes).
+
+mod common;
+
+use backend_core::{
+    Backend, Buffer, BufferType, BufferUsage, ComputeStatus, tensor_alloc, tensor_get, tensor_set,
+};
+use common::Rng;
+use graph::{Context, ElementType, Graph, TensorId};
+use graph_alloc::GraphAllocator;
+use sched::{Cause, Scheduler};
+use test_device::{TestDevice, TestDeviceConfig};
+
+/// q4_0 weight bytes: `rows` rows of `k` values, each block a small f16 scale and random
+/// nibbles.
+fn q4_0_bytes(k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut v = Vec::new();
+    for _ in 0..rows * k / 32 {
+        let d = half::f16::from_f32(rng.uniform(0.005, 0.02));
+        v.extend_from_slice(&d.to_le_bytes());
+        v.extend((0..16).map(|_| rng.below(256) as u8));
+    }
+    v
+}
+
+fn f32_bytes(n: usize, rng: &mut Rng) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes())
+        .collect()
+}
+
+/// `y = w_rep · x` with a q4_0 weight in `CPU_REPACK`, then `z = w_host · y` with an f32
+/// weight in plain CPU memory; `x` is the graph input, `z` the output.
+struct Net {
+    ctx: Context,
+    graph: Graph,
+    w_rep: TensorId,
+    w_host: TensorId,
+    x: TensorId,
+    y: TensorId,
+    z: TensorId,
+    _weights: Vec<Buffer>,
+}
+
+const K: i64 = 64;
+const ROWS: i64 = 16;
+const OUT: i64 = 8;
+const COLS: i64 = 4;
+
+fn net() -> Net {
+    let mut ctx = Context::new();
+    let mut rng = Rng::new(5);
+    let w_rep = ctx.new_tensor_2d(ElementType::Q4_0, K, ROWS).unwrap();
+    let w_host = ctx.new_tensor_2d(ElementType::F32, ROWS, OUT).unwrap();
+    let place = |ctx: &mut Context, buft: BufferType, t: TensorId, bytes: &[u8]| {
+        let buf = buft.alloc_buffer(buft.alloc_size(&ctx[t])).unwrap();
+        buf.set_usage(BufferUsage::Weights);
+        tensor_alloc(ctx, &buf, t, 0).unwrap();
+        tensor_set(ctx, t, 0, bytes).unwrap();
+        buf
+    };
+    let rep = place(
+        &mut ctx,
+        backend_cpu::cpu_repack_buffer_type(),
+        w_rep,
+        &q4_0_bytes(K as usize, ROWS as usize, &mut rng),
+    );
+    let host = place(
+        &mut ctx,
+        backend_cpu::cpu_buffer_type(),
+        w_host,
+        &f32_bytes((ROWS * OUT) as usize, &mut rng),
+    );
+    let x = ctx.new_tensor_2d(ElementType::F32, K, COLS).unwrap();
+    ctx.set_input(x).unwrap();
+    let y = ctx.mul_mat(w_rep, x).unwrap();
+    let z = ctx.mul_mat(w_host, y).unwrap();
+    ctx.set_output(z).unwrap();
+    let mut graph = Graph::new(16);
+    graph.build_forward_expand(&mut ctx, z).unwrap();
+    Net {
+        ctx,
+        graph,
+        w_rep,
+        w_host,
+        x,
+        y,
+        z,
+        _weights: vec![rep, host],
+    }
+}
+
+fn input(step: u64) -> Vec<u8> {
+    f32_bytes((K * COLS) as usize, &mut Rng::new(100 + step))
+}
+
+/// The net computed by the CPU backend alone, without a scheduler.
+fn reference(step: u64) -> Vec<u8> {
+    let cpu = common::cpu(2);
+    let mut n = net();
+    let mut ga = GraphAllocator::new(&[cpu.default_buffer_type()]);
+    ga.alloc_graph(&mut n.ctx, &n.graph).unwrap();
+    tensor_set(&n.ctx, n.x, 0, &input(step)).unwrap();
+    assert_eq!(
+        cpu.graph_compute(&n.ctx, n.graph.as_view()).unwrap(),
+        ComputeStatus::Success
+    );
+    let mut out = vec![0u8; n.ctx[n.z].nbytes()];
+    tensor_get(&n.ctx, n.z, 0, &mut out).unwrap();
+    out
+}
+
+/// Pass 1 offloads an op on host weights to a device that asks for it (`1.off`), but not an
+/// op whose weight's buffer type is not host memory: the `CPU_REPACK` product stays on the
+/// CPU by its weight (`1.wgt0`), and its weight is never copied, while the product with the
+/// plain host weight moves to the device. Asking only "is the weight on the last backend?"
+/// would offload both (and copy the repacked weight every step).
+#[test]
+fn only_products_on_host_weights_are_offloaded() {
+    let dev = TestDevice::create(TestDeviceConfig::named("D").offload(true)).unwrap();
+    let cpu: Backend = common::cpu(2);
+    let mut s = Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 64, false).unwrap();
+    for step in 0..2 {
+        // a freshly built graph each step, as llama.cpp does (a node that still has memory
+        // from the last plan would count as pre-allocated where it is)
+        let mut n = net();
+        s.alloc_graph(&mut n.ctx, &n.graph).unwrap();
+        assert_eq!(
+            s.tensor_backend(n.y),
+            Some(1),
+            "repacked product on the CPU"
+        );
+        assert_eq!(s.tensor_cause(n.y), Cause::Weight(0));
+        assert_eq!(
+            s.tensor_backend(n.z),
+            Some(0),
+            "host-weight product offloaded"
+        );
+        assert_eq!(s.tensor_cause(n.z), Cause::Offload);
+        let inputs: Vec<TensorId> = s
+            .splits()
+            .iter()
+            .flat_map(|sp| sp.inputs())
+            .copied()
+            .collect();
+        assert!(
+            !inputs.contains(&n.w_rep),
+            "the repacked weight is not copied"
+        );
+        assert!(
+            inputs.contains(&n.w_host) && inputs.contains(&n.y),
+            "{inputs:?}"
+        );
+        tensor_set(&n.ctx, n.x, 0, &input(step)).unwrap();
+        assert_eq!(
+            s.graph_compute(&mut n.ctx, &n.graph).unwrap(),
+            ComputeStatus::Success
+        );
+        let mut got = vec![0u8; n.ctx[n.z].nbytes()];
+        tensor_get(&n.ctx, n.z, 0, &mut got).unwrap();
+        assert!(
+            got == reference(step),
+            "step {step}: differs from the CPU alone"
+        );
+        s.reset();
+    }
+}
+
+/// `y = sqr(x)` on a device, `z = sqrt(y)` on the CPU: one input copy into the device and
+/// one back, whichever device `y` is on.
+struct Hop {
+    ctx: Context,
+    graph: Graph,
+    x: TensorId,
+    y: TensorId,
+    z: TensorId,
+}
+
+fn hop() -> Hop {
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_1d(ElementType::F32, 64).unwrap();
+    ctx.set_input(x).unwrap();
+    let y = ctx.sqr(x).unwrap();
+    let z = ctx.sqrt(y).unwrap();
+    ctx.set_output(z).unwrap();
+    let mut graph = Graph::new(16);
+    graph.build_forward_expand(&mut ctx, z).unwrap();
+    Hop {
+        ctx,
+        graph,
+        x,
+        y,
+        z,
+    }
+}
+
+/// Moving a node between two devices whose buffer types differ, without a reset, must re-plan
+/// the compute memory even when nothing else about the allocation graph changes. Here
+/// nothing else does: `y` (and the copy of `x` it reads) moves between devices A and B, and
+/// the allocation graph has the same positions, roles and sizes either way, so the graph
+/// allocator's own check finds the old plan fitting; only the comparison of the backend ids
+/// with the last plan's (`backend_ids_changed` in the seed's `alloc_splits`) sees that
+/// those positions now belong in B's memory. Reusing the plan would leave `y` in A's memory
+/// while B computes it, which B cannot address.
+#[test]
+fn moving_a_node_to_a_device_of_another_buffer_type_replans_without_a_reset() {
+    let a = TestDevice::create(TestDeviceConfig::named("A")).unwrap();
+    let b = TestDevice::create(TestDeviceConfig::named("B")).unwrap();
+    let mut s = Scheduler::new(
+        vec![
+            a.init_backend("").unwrap(),
+            b.init_backend("").unwrap(),
+            common::cpu(1),
+        ],
+        None,
+        64,
+        false,
+    )
+    .unwrap();
+    let mut h = hop();
+    let mut shape = None;
+    for step in 0..4u64 {
+        // the last plan's memory is dropped (the graph reads as freshly built), not the
+        // scheduler's state: no reset
+        for t in [h.x, h.y, h.z] {
+            h.ctx[t].set_storage(None);
+        }
+        let (dev, on) = if step % 2 == 0 { (&a, 0) } else { (&b, 1) };
+        s.set_tensor_backend(&h.ctx, h.y, on).unwrap();
+        s.set_tensor_backend(&h.ctx, h.z, 2).unwrap();
+        s.alloc_graph(&mut h.ctx, &h.graph).unwrap();
+        let g = s.allocation_graph();
+        let now = (g.n_nodes(), g.n_leafs(), s.n_splits());
+        assert_eq!(
+            *shape.get_or_insert(now),
+            now,
+            "same allocation-graph shape"
+        );
+        let st = h.ctx[h.y].storage().expect("y is placed");
+        assert_eq!(
+            backend_core::storage_buffer_type(st),
+            Some(&dev.buffer_type()),
+            "step {step}: y in the memory of the device computing it"
+        );
+        let xs: Vec<f32> = (0..64)
+            .map(|i| (i as f32 - 31.5) * 0.25 + step as f32)
+            .collect();
+        let bytes: Vec<u8> = xs.iter().flat_map(|v| v.to_le_bytes()).collect();
+        tensor_set(&h.ctx, h.x, 0, &bytes).unwrap();
+        assert_eq!(
+            s.graph_compute(&mut h.ctx, &h.graph).unwrap(),
+            ComputeStatus::Success
+        );
+        let mut got = vec![0u8; 256];
+        tensor_get(&h.ctx, h.z, 0, &mut got).unwrap();
+        // sqrt(x²) rounds back to |x| exactly in binary floating point (no overflow or
+        // underflow at these magnitudes)
+        let want: Vec<u8> = xs.iter().flat_map(|v| v.abs().to_le_bytes()).collect();
+        assert!(got == want, "step {step}: z differs from |x|");
+    }
+}
