@@ -4,9 +4,10 @@
 //! The other computed tests place everything in one of two buffer types (the CPU's host
 //! memory or the test device's memory), so a rule that asks "is this buffer type host
 //! memory?" or "can that backend read this buffer type?" always gets the same answer there
-//! and a change to it goes unnoticed. Here a third buffer type makes the answers differ:
-//! the CPU's `CPU_REPACK` weights, which only the CPU reads and which are not host memory
-//! (their bytes are not the tensors' plain bytes).
+//! and a change to it goes unnoticed. Here the answers differ: the CPU's `CPU_REPACK`
+//! weights, which only the CPU reads and which are not host memory (their bytes are not the
+//! tensors' plain bytes); two test devices, whose buffer types differ and neither reads the
+//! other's; and, planning only, a fixture backend that reads another's buffer type.
 
 mod common;
 
@@ -266,4 +267,54 @@ fn moving_a_node_to_a_device_of_another_buffer_type_replans_without_a_reset() {
         let want: Vec<u8> = xs.iter().flat_map(|v| v.abs().to_le_bytes()).collect();
         assert!(got == want, "step {step}: z differs from |x|");
     }
+}
+
+/// A backend that reads another backend's buffer type takes that data where it is: neither
+/// a node computed there nor a weight kept there is copied, and a weight there does not cut
+/// a split. Planning only (fixture backends): the test device reads no other memory.
+///
+/// GPU1 reads GPU0's buffer type. `a = w0 · x` runs on GPU0 (its weight), `b = w1 · a` on
+/// GPU1 (its weight) reading `a` from GPU0's compute memory, `b2 = b + x2` follows `b`, and
+/// `c = b2 + g0`, pinned to GPU1, reads the GPU0 weight `g0` in place. Two splits (GPU0: `a`;
+/// GPU1: `b`, `b2`, `c`), whose only copies are the CPU inputs `x` and `x2`.
+#[test]
+fn a_backend_reading_another_buffer_type_takes_its_data_without_copies() {
+    use sched::fixture::{BackendSpec, GraphFile, TensorSpec};
+    let mut gpu1 = BackendSpec::gpu("GPU1");
+    gpu1.reads_buffer_types = vec!["GPU0".into()];
+    let file = GraphFile {
+        name: "gpu1-reads-gpu0".into(),
+        graph_size: 64,
+        parallel: false,
+        backends: vec![BackendSpec::gpu("GPU0"), gpu1, BackendSpec::cpu("CPU")],
+        tensors: vec![
+            TensorSpec::leaf("w0", "f32", &[16, 16]).in_buffer("GPU0"),
+            TensorSpec::leaf("g0", "f32", &[16, 1]).in_buffer("GPU0"),
+            TensorSpec::leaf("w1", "f32", &[16, 16]).in_buffer("GPU1"),
+            TensorSpec::leaf("x", "f32", &[16, 1]).flag("input"),
+            TensorSpec::leaf("x2", "f32", &[16, 1]).flag("input"),
+            TensorSpec::op("a", "MUL_MAT", &["w0", "x"]),
+            TensorSpec::op("b", "MUL_MAT", &["w1", "a"]),
+            TensorSpec::op("b2", "ADD", &["b", "x2"]),
+            TensorSpec::op("c", "ADD", &["b2", "g0"]),
+        ],
+        expand: vec!["c".into()],
+        assign: [("c".to_owned(), "GPU1".to_owned())].into(),
+    };
+    let mut built = file.build().unwrap();
+    let mut s = built.scheduler().unwrap();
+    s.alloc_graph(&mut built.ctx, &built.graph).unwrap();
+    let id = |n: &str| built.names[n];
+    let on: Vec<(usize, Vec<TensorId>)> = s
+        .splits()
+        .iter()
+        .map(|sp| (sp.backend(), sp.inputs().to_vec()))
+        .collect();
+    assert_eq!(
+        on,
+        [(0, vec![id("x")]), (1, vec![id("x2")])],
+        "GPU0 with x copied in, GPU1 with x2 copied in; a and g0 read in place"
+    );
+    assert_eq!(s.tensor_backend(id("c")), Some(1));
+    assert_eq!(s.tensor_cause(id("c")), Cause::User);
 }
