@@ -7,7 +7,8 @@
 //! and a change to it goes unnoticed. Here the answers differ: the CPU's `CPU_REPACK`
 //! weights, which only the CPU reads and which are not host memory (their bytes are not the
 //! tensors' plain bytes); two test devices, whose buffer types differ and neither reads the
-//! other's; and, planning only, a fixture backend that reads another's buffer type.
+//! other's; two streams of one test device, which share a buffer type; and, planning only,
+//! fixture backends that read another's buffer type.
 
 mod common;
 
@@ -317,4 +318,123 @@ fn a_backend_reading_another_buffer_type_takes_its_data_without_copies() {
     );
     assert_eq!(s.tensor_backend(id("c")), Some(1));
     assert_eq!(s.tensor_cause(id("c")), Cause::User);
+}
+
+/// Forwards to `inner`, counting `synchronize` calls.
+struct CountingSync {
+    inner: Backend,
+    syncs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl backend_core::BackendImpl for CountingSync {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn guid(&self) -> backend_core::Guid {
+        self.inner.guid()
+    }
+    fn device(&self) -> backend_core::Device {
+        self.inner.device()
+    }
+    fn synchronize(&self) -> backend_core::Result<()> {
+        self.syncs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.synchronize()
+    }
+    fn graph_compute(
+        &self,
+        ctx: &Context,
+        graph: graph::GraphView<'_>,
+    ) -> backend_core::Result<ComputeStatus> {
+        self.inner.implementation().graph_compute(ctx, graph)
+    }
+    fn event_record(&self, event: &backend_core::Event) -> backend_core::Result<()> {
+        self.inner.event_record(event)
+    }
+    fn event_wait(&self, event: &backend_core::Event) -> backend_core::Result<()> {
+        self.inner.event_wait(event)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The other half of the backend-id rule: a node moved between two backends that share a
+/// buffer type (two streams of one device) keeps the memory plan, since its memory is the
+/// same either way; re-planning costs a wait for every backend (a stall of any pipelined
+/// work). Seen through the backends' `synchronize` calls during `alloc_graph`, which are
+/// made only to re-plan: none when `y` moves between the two streams, some when it moves
+/// to the CPU (another buffer type), which shows the count sees a re-plan. Planning only:
+/// two streams of one device are not ordered against each other without copies.
+#[test]
+fn moving_a_node_between_backends_that_share_a_buffer_type_keeps_the_plan() {
+    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
+    let syncs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = |b: Backend| {
+        Backend::new(CountingSync {
+            inner: b,
+            syncs: syncs.clone(),
+        })
+    };
+    let mut s = Scheduler::new(
+        vec![
+            counted(dev.init_backend("").unwrap()),
+            counted(dev.init_backend("").unwrap()),
+            counted(common::cpu(1)),
+        ],
+        None,
+        64,
+        false,
+    )
+    .unwrap();
+    let mut h = hop();
+    let mut plan = |on: usize| {
+        for t in [h.x, h.y, h.z] {
+            h.ctx[t].set_storage(None);
+        }
+        s.set_tensor_backend(&h.ctx, h.y, on).unwrap();
+        s.set_tensor_backend(&h.ctx, h.z, 2).unwrap();
+        let before = syncs.load(std::sync::atomic::Ordering::SeqCst);
+        s.alloc_graph(&mut h.ctx, &h.graph).unwrap();
+        assert_eq!(s.tensor_backend(h.y), Some(on));
+        syncs.load(std::sync::atomic::Ordering::SeqCst) - before
+    };
+    plan(0); // the first plan
+    assert_eq!(plan(1), 0, "stream 0 -> stream 1 re-planned");
+    assert_eq!(plan(0), 0, "stream 1 -> stream 0 re-planned");
+    assert!(plan(2) > 0, "device -> CPU must re-plan");
+}
+
+/// Pass 3 upgrades a node only to a higher-priority backend of the *same* buffer type, even
+/// when a higher one still could read every source. GPU1 reads the VRAM buffer type that
+/// GPU0a and GPU0b share; `m = wa + wb` (both weights in VRAM), pinned to GPU0b, moves up
+/// to GPU0a and not to GPU1, which comes first and could read both weights. Planning only
+/// (fixture backends).
+#[test]
+fn upgrades_go_only_to_a_backend_of_the_same_buffer_type() {
+    use sched::fixture::{BackendSpec, GraphFile, TensorSpec};
+    let mut gpu1 = BackendSpec::gpu("GPU1");
+    gpu1.reads_buffer_types = vec!["VRAM".into()];
+    let vram = |name: &str| BackendSpec {
+        buffer_type: Some("VRAM".into()),
+        ..BackendSpec::gpu(name)
+    };
+    let file = GraphFile {
+        name: "upgrade-same-buft".into(),
+        graph_size: 64,
+        parallel: false,
+        backends: vec![gpu1, vram("GPU0a"), vram("GPU0b"), BackendSpec::cpu("CPU")],
+        tensors: vec![
+            TensorSpec::leaf("wa", "f32", &[16]).in_buffer("VRAM"),
+            TensorSpec::leaf("wb", "f32", &[16]).in_buffer("VRAM"),
+            TensorSpec::op("m", "ADD", &["wa", "wb"]),
+        ],
+        expand: vec!["m".into()],
+        assign: [("m".to_owned(), "GPU0b".to_owned())].into(),
+    };
+    let mut built = file.build().unwrap();
+    let mut s = built.scheduler().unwrap();
+    s.alloc_graph(&mut built.ctx, &built.graph).unwrap();
+    let m = built.names["m"];
+    assert_eq!(s.tensor_backend(m), Some(1), "GPU0a, the same buffer type");
+    assert_eq!(s.tensor_cause(m), Cause::Upgrade);
 }
