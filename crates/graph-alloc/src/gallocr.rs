@@ -238,7 +238,8 @@ struct Settled {
 ///
 /// ```
 /// use graph::{Context, ElementType, Graph};
-/// use graph_alloc::{AllocError, GraphAllocator, testing::FakeBufferType};
+/// use graph_alloc::{AllocError, GraphAllocator};
+/// use test_fixtures::FakeBufferType;
 ///
 /// let buft = FakeBufferType::new("host", 32).into_buffer_type();
 /// let mut ctx = Context::new();

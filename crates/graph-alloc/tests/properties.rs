@@ -4,7 +4,7 @@
 //! shared.
 //!
 //! The plan is checked against lifetimes computed from the graph alone
-//! (`graph_alloc::testing::lifetimes`), never against the allocator's own bookkeeping, and
+//! (`test_fixtures::lifetimes`), never against the allocator's own bookkeeping, and
 //! in-place sharing against an oracle written here from the seed's rules (the
 //! `ggml_op_can_inplace` list by op name, layout equality field by field), not against the
 //! `graph` crate's `can_inplace` / `same_layout` that the allocator itself calls.
@@ -13,11 +13,11 @@ mod common;
 
 use backend_core::BufferType;
 use graph::{Context, ElementType, Graph, Op, Tensor, TensorFlags, TensorId, UnaryOp};
-use graph_alloc::testing::{FakeBufferType, Lifetime, lifetimes, live_bytes_lower_bound};
 use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use test_fixtures::{FakeBufferType, Lifetime, lifetimes, live_bytes_lower_bound};
 
 /// `ggml_op_can_inplace` of ggml NOV24 (spec §8.2), by the op names the seed prints.
 const SEED_INPLACE_OPS: [&str; 15] = [
