@@ -19,9 +19,9 @@
 
 use backend_core::{Backend, tensor_get, tensor_set};
 use graph::{Checkpoint, Context, ElementType, TensorId};
-use graph_alloc::testing::{LlamaConfig, LlamaModel};
 use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
 use sched::Scheduler;
+use test_fixtures::{LlamaConfig, LlamaModel};
 
 /// Any error of the layers this crate drives.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use graph::{Context, TensorId};
-use graph_alloc::testing::{
+use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
+use test_fixtures::{
     FakeBufferType, LlamaConfig, LlamaDecode, LlamaModel, lifetimes, live_bytes_lower_bound,
 };
-use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
 
 struct Setup {
     ctx: Context,

@@ -9,20 +9,37 @@
 //! Planning follows ggml exactly (see the crate docs for why): phase 1 places leafs, phase 2
 //! counts consumers and views and places INPUT tensors, phase 3 walks the nodes in order,
 //! placing each (over a dying same-layout parent where the op allows it) and freeing every
-//! parent whose last consumer it was. Two deliberate differences, both only where the
+//! parent whose last consumer it was. Three deliberate differences, all only where the
 //! reference produces a wrong plan:
 //!
 //! * a root whose view is flagged OUTPUT is treated like an OUTPUT tensor (never freed, never
 //!   overwritten in place), because otherwise the output view's bytes get reused;
 //! * the validity check on [`GraphAllocator::alloc_graph`] also checks leafs, so a leaf that
 //!   grew or lost its storage since the plan was made triggers a re-plan instead of memory
-//!   corruption.
+//!   corruption;
+//! * a tensor placed in phase 2 (an op node or source flagged INPUT) gets bytes of its own,
+//!   never a source's in place: the reference applies its in-place rule there with consumer
+//!   counts still incomplete, so such a node took over a leaf that had one consumer counted
+//!   so far, and that leaf, placed again at its first use, landed on another leaf the user
+//!   had filled (two inputs sharing bytes). Graphs whose INPUT tensors are leafs, as every
+//!   graph the scheduler and llama.cpp build, are planned exactly as before.
 
 use backend_core::{Buffer, BufferType, BufferUsage, tensor_alloc, view_init};
 use graph::{Context, Graph, MAX_SRC, Op, Tensor, TensorFlags, TensorId, TensorStorage};
 
 use crate::dyn_alloc::DynAllocator;
 use crate::error::AllocError;
+
+/// Whether a tensor placed now may take over the bytes of a source whose last consumer it is.
+/// Phase 2 places INPUT tensors while consumers are still being counted, so a source's count
+/// there says nothing about its last use: those placements are always [`Reuse::Fresh`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Reuse {
+    /// The seed's in-place rule applies.
+    InPlace,
+    /// New bytes, whatever the op.
+    Fresh,
+}
 
 /// Where a tensor was planned: a buffer id, an offset and the size it may grow to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -238,7 +255,8 @@ struct Settled {
 ///
 /// ```
 /// use graph::{Context, ElementType, Graph};
-/// use graph_alloc::{AllocError, GraphAllocator, testing::FakeBufferType};
+/// use graph_alloc::{AllocError, GraphAllocator};
+/// use test_fixtures::FakeBufferType;
 ///
 /// let buft = FakeBufferType::new("host", 32).into_buffer_type();
 /// let mut ctx = Context::new();
@@ -921,7 +939,7 @@ impl GraphAllocator {
                 }
             }
             if t.flags().contains(TensorFlags::INPUT) {
-                self.allocate_node(ctx, node, node_id(i))?;
+                self.allocate_node(ctx, node, node_id(i), Reuse::Fresh)?;
             }
             for s in t.srcs_used().iter().flatten() {
                 // Looked up before its record is indexed: a source rewired with `set_src` and
@@ -930,7 +948,7 @@ impl GraphAllocator {
                 let input = ctx.get(*s)?.flags().contains(TensorFlags::INPUT);
                 self.records.get(*s).n_children += 1;
                 if input {
-                    self.allocate_node(ctx, *s, node_id(i))?;
+                    self.allocate_node(ctx, *s, node_id(i), Reuse::Fresh)?;
                 }
             }
         }
@@ -941,7 +959,7 @@ impl GraphAllocator {
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
             for s in srcs.iter().flatten() {
-                self.allocate_node(ctx, *s, b)?;
+                self.allocate_node(ctx, *s, b, Reuse::InPlace)?;
             }
             self.allocate_at(ctx, node, t, b, encode_pos(i, 0))?;
             let mut edges = [EMPTY; MAX_SRC];
@@ -983,12 +1001,13 @@ impl GraphAllocator {
         ctx: &Context,
         id: TensorId,
         buffer_id: usize,
+        reuse: Reuse,
     ) -> Result<(), AllocError> {
         let t = ctx.get(id)?;
         if !Self::claim(self.records.get(id), t) {
             return Ok(());
         }
-        self.allocate_new(ctx, id, t, buffer_id)
+        self.allocate_new(ctx, id, t, buffer_id, reuse)
     }
 
     /// [`GraphAllocator::allocate_node`] for the tensor `t` (`id`) at position `pos` of the
@@ -1009,7 +1028,7 @@ impl GraphAllocator {
         if !Self::claim(rec, t) {
             return Ok(());
         }
-        self.allocate_new(ctx, id, t, buffer_id)
+        self.allocate_new(ctx, id, t, buffer_id, Reuse::InPlace)
     }
 
     /// Whether `t` (its record `rec`) still needs memory of its own: not pre-allocated, not
@@ -1030,8 +1049,9 @@ impl GraphAllocator {
         id: TensorId,
         t: &Tensor,
         buffer_id: usize,
+        reuse: Reuse,
     ) -> Result<(), AllocError> {
-        if t.op().can_inplace() {
+        if reuse == Reuse::InPlace && t.op().can_inplace() {
             for p in t.srcs_used().iter().flatten().copied() {
                 let pt = ctx.get(p)?;
                 let pr = self.records.get(p);

@@ -31,7 +31,8 @@
 //!
 //! ```
 //! use graph::{Context, ElementType, Graph};
-//! use graph_alloc::{GraphAllocator, testing::FakeBufferType};
+//! use graph_alloc::GraphAllocator;
+//! use test_fixtures::FakeBufferType; // a buffer type without memory; any BufferType works
 //!
 //! let buft = FakeBufferType::new("host", 32).into_buffer_type();
 //! let mut ctx = Context::new();
@@ -55,7 +56,6 @@ mod dyn_alloc;
 mod error;
 mod gallocr;
 mod linear;
-pub mod testing;
 
 pub use error::AllocError;
 pub use gallocr::GraphAllocator;

@@ -19,7 +19,8 @@ use crate::pad;
 ///
 /// ```
 /// use graph::{Context, ElementType};
-/// use graph_alloc::{LinearAllocator, testing::FakeBufferType};
+/// use graph_alloc::LinearAllocator;
+/// use test_fixtures::FakeBufferType;
 ///
 /// let buft = FakeBufferType::new("host", 32).into_buffer_type();
 /// let buffer = buft.alloc_buffer(1024)?;
@@ -101,7 +102,8 @@ impl LinearAllocator {
 ///
 /// ```
 /// use graph::{Context, ElementType};
-/// use graph_alloc::{alloc_ctx_tensors, testing::FakeBufferType};
+/// use graph_alloc::alloc_ctx_tensors;
+/// use test_fixtures::FakeBufferType;
 ///
 /// let buft = FakeBufferType::new("host", 32).with_max_size(1000).into_buffer_type();
 /// let mut ctx = Context::new();

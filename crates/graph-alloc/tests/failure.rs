@@ -6,8 +6,8 @@ mod common;
 use backend_core::BackendError;
 use common::off;
 use graph::{Context, ElementType::F32, Graph, TensorId};
-use graph_alloc::testing::FakeBufferType;
 use graph_alloc::{AllocError, GraphAllocator, LinearAllocator, alloc_ctx_tensors};
+use test_fixtures::FakeBufferType;
 
 fn chain(ctx: &mut Context, n: i64) -> (Graph, Vec<TensorId>) {
     let x = ctx.new_tensor_1d(F32, n).unwrap();

@@ -11,7 +11,7 @@ mod common;
 use common::{cpu_like, off, preallocate};
 use graph::{Context, ElementType::F32, Graph, TensorId};
 use graph_alloc::GraphAllocator;
-use graph_alloc::testing::FakeBufferType;
+use test_fixtures::FakeBufferType;
 
 fn graph_of(ctx: &mut Context, outs: &[TensorId]) -> Graph {
     let mut g = Graph::new(64);

@@ -7,8 +7,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use graph::{Context, TensorId};
-use graph_alloc::testing::{FakeBufferType, LlamaConfig, LlamaModel};
 use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
+use test_fixtures::{FakeBufferType, LlamaConfig, LlamaModel};
 
 struct Counting;
 

@@ -23,7 +23,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use graph::{Checkpoint, TensorId};
 use sched::Scheduler;
 use sched::fixture::Built;
-use sched::llama::LlamaConfig;
+use test_fixtures::llama_file::LlamaConfig;
 
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);

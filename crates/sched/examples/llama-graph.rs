@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use sched::llama::LlamaConfig;
+use test_fixtures::llama_file::LlamaConfig;
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().skip(1).collect();

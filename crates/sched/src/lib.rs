@@ -22,7 +22,6 @@
 //!   `GGML_SCHED_DEBUG` layout.
 //! * [`dot`]: a picture of a plan (Graphviz DOT, rendered by `dot`).
 //! * [`trace`]: a picture of a run (Chrome trace-event JSON from an optional sink).
-//! * [`llama`]: a llama-shaped graph-file generator for tests and benchmarks.
 //!
 //! ```
 //! use sched::fixture::GraphFile;
@@ -44,7 +43,6 @@ pub mod dot;
 mod error;
 pub mod fixture;
 mod galloc;
-pub mod llama;
 mod op_timer;
 mod plan;
 mod print;

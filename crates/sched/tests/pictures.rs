@@ -165,7 +165,7 @@ fn render_reports_a_dot_syntax_error() {
 /// draw; a fixture-sized one keeps the full layout.
 #[test]
 fn a_large_plan_asks_for_the_cheaper_layout_and_is_drawn() {
-    let big = sched::llama::LlamaConfig::tiny(16)
+    let big = test_fixtures::llama_file::LlamaConfig::tiny(16)
         .offload("GPU0", 8)
         .graph_file("big");
     let dot = big.dot("big").unwrap();

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use graph::{Context, ElementType, Graph, TensorId};
 use sched::fixture::{BackendSpec, FixtureBackends, GraphFile, TensorSpec};
-use sched::llama::LlamaConfig;
 use sched::{Plan, SchedError, Scheduler};
+use test_fixtures::llama_file::LlamaConfig;
 
 fn shared(name: &str) -> GraphFile {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))

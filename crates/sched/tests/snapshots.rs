@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use sched::fixture::{BackendSpec, GraphFile, OpsSpec, TensorSpec};
-use sched::llama::LlamaConfig;
+use test_fixtures::llama_file::LlamaConfig;
 
 fn graphs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/graphs")

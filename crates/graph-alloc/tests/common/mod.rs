@@ -4,7 +4,7 @@
 use backend_core::BufferType;
 use graph::{Context, TensorId};
 use graph_alloc::alloc_ctx_tensors;
-use graph_alloc::testing::FakeBufferType;
+use test_fixtures::FakeBufferType;
 
 /// A CPU-like buffer type: alignment 32, unbounded.
 pub fn cpu_like() -> BufferType {

@@ -1,5 +1,5 @@
 //! A llama-shaped model that really computes (random weights), for the execution tests: the
-//! same graph as `sched::llama` (RMS norm, rotary attention over an f16 KV cache written
+//! same graph as `test_fixtures::llama_file` (RMS norm, rotary attention over an f16 KV cache written
 //! through CPY into cache views, SiLU-gated feed-forward), built with graph ops directly so
 //! that weights and caches can be placed in real buffers of real backends.
 //!

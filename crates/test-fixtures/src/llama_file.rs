@@ -6,7 +6,7 @@
 //! several GPUs, caches on either side and graphs ten times larger. The tensor names, order
 //! and shapes are those of the shared fixtures' llama graphs, which a test checks.
 
-use crate::fixture::{BackendSpec, GraphFile, TensorSpec};
+use sched::fixture::{BackendSpec, GraphFile, TensorSpec};
 
 /// Shape and placement of a generated llama decode graph.
 #[derive(Clone, Debug)]
