@@ -52,8 +52,9 @@ fn alloc(ctx: &mut Context, ids: &[TensorId]) -> backend_core::Buffer {
     }
     // The CPU backend's own buffer type (64-byte aligned), as a model's weights loaded into
     // the backend have it. In the crate's test host buffer (16 bytes past a cache line: a
-    // `Vec<u64>` from the allocator) the f32 mat-vec reads at 0.8–0.93 of the one-thread
-    // read ceiling against 0.97–1.0 aligned (`benches/matvec.rs`, `f32_4096x4096_x1_host`).
+    // `Vec<u64>` from the allocator) the f32 mat-vec read a little slower: on one thread
+    // 0.84–1.09 of the read ceiling, mostly about 0.9, against 0.98–1.05 aligned
+    // (`benches/matvec.rs`, `f32_4096x4096_x1_host`).
     let buf = backend_cpu::cpu_buffer_type()
         .alloc_buffer(total)
         .expect("CPU buffer");

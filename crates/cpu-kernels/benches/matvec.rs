@@ -12,8 +12,8 @@
 //! median over rounds of the same round's ratio.
 //!
 //! Rows: `f32_4096x4096_x1` (64 MiB, as in `kernels`) in the CPU buffer type (64-byte
-//! aligned, as the CPU backend allocates) and `f32_4096x4096_x1_host` in the test host
-//! buffer `kernels` uses (not 64-byte aligned); `f16_8192x4096_x1` (64 MiB),
+//! aligned, as the CPU backend allocates) and `f32_4096x4096_x1_host` in the crate's test
+//! host buffer (16 bytes past a cache line, where the f32 kernel is mostly a little slower); `f16_8192x4096_x1` (64 MiB),
 //! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
 //! (72 MiB). `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
 //! `BENCH_THREADS=N`: threads of the products; with 1 the read is one thread's too (the
@@ -40,7 +40,7 @@ struct Case {
 }
 
 /// `y = W·x` with `W` of `ty`, `k` × `m`, in a CPU buffer (64-byte aligned), or with
-/// `unaligned` in the test host buffer `kernels` uses (a `Vec<u64>`: 16 mod 64 from glibc).
+/// `unaligned` in the crate's test host buffer (a `Vec<u64>`: 16 mod 64 from glibc).
 fn case(name: &str, ty: ElementType, k: i64, m: i64, unaligned: bool) -> Case {
     let mut ctx = Context::new();
     let w = ctx.new_tensor_2d(ty, k, m).unwrap();
