@@ -9,11 +9,13 @@
 //! `BENCH_THREADS=N` uses N threads instead of 2.
 //!
 //! `mul_mat/read_64MiB_baseline` is the ceiling for the memory-bound decode shapes: two
-//! threads summing the two halves of a 64 MiB buffer (the size of the f32 4096×4096 weights)
-//! with AVX2 loads, eight streams per thread (`support/read_baseline.rs`), in GB/s. `f32_4096x4096_x1` reads the same 64 MiB
-//! per call, so its time divided into the baseline's is the fraction of the achievable read
-//! bandwidth it reaches. `benches/ggml-matvec-bench.sh` times ggml's CPU backend on the same
-//! shapes, to run back to back with this bench.
+//! threads summing the two halves of a 64 MiB buffer (the size of the f32 4096×4096
+//! weights) with AVX2 loads, eight streams per thread (`support/read_baseline.rs`), in
+//! GB/s. `f32_4096x4096_x1` reads the same 64 MiB per call, so its time divided into the
+//! baseline's is the fraction of the achievable read bandwidth it reaches
+//! (`benches/matvec.rs` measures it and the other mat-vec types larger than L3 against the
+//! same read in interleaved rounds). `benches/ggml-matvec-bench.sh` times ggml's CPU
+//! backend on the same shapes, to run back to back with this bench.
 //!
 //! The `q4_0_4096x4096_x{1,32,512}_repack` rows run the q4_0 shapes with the weights in the
 //! CPU device's `CPU_REPACK` buffer type (rows interleaved for the kernels,
