@@ -9,11 +9,13 @@
 //! `BENCH_THREADS=N` uses N threads instead of 2.
 //!
 //! `mul_mat/read_64MiB_baseline` is the ceiling for the memory-bound decode shapes: two
-//! threads summing the two halves of a 64 MiB buffer (the size of the f32 4096×4096 weights)
-//! with AVX2 loads, eight streams per thread (see `READ_STREAMS`), in GB/s. `f32_4096x4096_x1` reads the same 64 MiB
-//! per call, so its time divided into the baseline's is the fraction of the achievable read
-//! bandwidth it reaches. `benches/ggml-matvec-bench.sh` times ggml's CPU backend on the same
-//! shapes, to run back to back with this bench.
+//! threads summing the two halves of a 64 MiB buffer (the size of the f32 4096×4096
+//! weights) with AVX2 loads, eight streams per thread (`support/read_baseline.rs`), in
+//! GB/s. `f32_4096x4096_x1` reads the same 64 MiB per call, so its time divided into the
+//! baseline's is the fraction of the achievable read bandwidth it reaches
+//! (`benches/matvec.rs` measures it and the other mat-vec types larger than L3 against the
+//! same read in interleaved rounds). `benches/ggml-matvec-bench.sh` times ggml's CPU
+//! backend on the same shapes, to run back to back with this bench.
 //!
 //! The `q4_0_4096x4096_x{1,32,512}_repack` rows run the q4_0 shapes with the weights in the
 //! CPU device's `CPU_REPACK` buffer type (rows interleaved for the kernels,
@@ -25,14 +27,16 @@
 //! the mean wall time measures the other jobs more than the kernel, while the fastest call
 //! is the time of a call that kept both cores. The ggml driver reports the same statistic.
 
+#[path = "support/read_baseline.rs"]
+mod read_baseline;
+
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cpu_kernels::CpuCompute;
-use cpu_kernels::doc_support::host_buffer;
 use criterion::{Bencher, Criterion, Throughput, criterion_group, criterion_main};
 use graph::{Context, ElementType, Graph, TensorId};
+use read_baseline::ReadBaseline;
 
 struct Setup {
     ctx: Context,
@@ -48,7 +52,14 @@ fn alloc(ctx: &mut Context, ids: &[TensorId]) -> backend_core::Buffer {
         offs.push(off);
         total = off + ctx[id].nbytes();
     }
-    let buf = host_buffer(total);
+    // The CPU backend's own buffer type (64-byte aligned), as a model's weights loaded into
+    // the backend have it. In the crate's test host buffer (16 bytes past a cache line: a
+    // `Vec<u64>` from the allocator) the f32 mat-vec read a little slower: on one thread
+    // 0.84–1.09 of the read ceiling, mostly about 0.9, against 0.98–1.05 aligned
+    // (`benches/matvec.rs`, `f32_4096x4096_x1_host`).
+    let buf = backend_cpu::cpu_buffer_type()
+        .alloc_buffer(total)
+        .expect("CPU buffer");
     for (&id, off) in ids.iter().zip(offs) {
         backend_core::tensor_alloc(ctx, &buf, id, off).unwrap();
     }
@@ -289,94 +300,14 @@ fn f16_attention(n_kv: i64) -> Setup {
     Setup { ctx, g, _buf: buf }
 }
 
-/// Read streams per thread in the read baseline. On this machine kind (Zen 3, 2 cores) one
-/// sequential stream per core reaches only about 60 % of what several streams read side by
-/// side get (the hardware prefetchers keep more misses in flight), so a single-stream loop
-/// would understate the ceiling; more than eight streams gained nothing.
-const READ_STREAMS: usize = 8;
-
-/// Sum of `v`, read as [`READ_STREAMS`] contiguous parts side by side, with 256-bit loads
-/// into two accumulators per part (or plain Rust where AVX2 is missing).
-fn read_sum(v: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { read_sum_avx2(v) };
-    }
-    v.iter().sum()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn read_sum_avx2(v: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let part = v.len() / READ_STREAMS / 16 * 16;
-    let p: [*const f32; READ_STREAMS] = std::array::from_fn(|j| v[j * part..].as_ptr());
-    let mut acc = [[_mm256_setzero_ps(); 2]; READ_STREAMS];
-    for i in (0..part).step_by(16) {
-        for (a, &p) in acc.iter_mut().zip(&p) {
-            // SAFETY: part j is v[j * part .. (j + 1) * part] and i + 16 <= part.
-            let (x, y) = unsafe { (_mm256_loadu_ps(p.add(i)), _mm256_loadu_ps(p.add(i + 8))) };
-            a[0] = _mm256_add_ps(a[0], x);
-            a[1] = _mm256_add_ps(a[1], y);
-        }
-    }
-    let s = acc.iter().fold(_mm256_setzero_ps(), |s, a| {
-        _mm256_add_ps(s, _mm256_add_ps(a[0], a[1]))
-    });
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: `lanes` holds eight floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
-    lanes.iter().sum::<f32>() + v[READ_STREAMS * part..].iter().sum::<f32>()
-}
-
 /// `mul_mat/read_64MiB_baseline`: the main thread reads the first half of a 64 MiB buffer
-/// while a helper thread (started once) reads the second half. Between calls the helper
-/// polls for a few microseconds and then parks, as the kernels' pool does: a helper that
-/// spun all the time was the thread the scheduler preempted on a loaded machine.
+/// while a helper thread (started once) reads the second half ([`ReadBaseline`]).
 fn bench_read_baseline(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
 ) {
-    let buf = vec![1.0f32; 16 << 20];
-    let (lo, hi) = buf.split_at(buf.len() / 2);
-    let epoch = AtomicU64::new(0);
-    let done = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let helper = s.spawn(|| {
-            let mut seen = 0;
-            loop {
-                let t = Instant::now();
-                while epoch.load(Ordering::Acquire) == seen && !stop.load(Ordering::Acquire) {
-                    if t.elapsed() < Duration::from_micros(20) {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::park_timeout(Duration::from_millis(1));
-                    }
-                }
-                if stop.load(Ordering::Acquire) {
-                    return;
-                }
-                seen = epoch.load(Ordering::Acquire);
-                black_box(read_sum(hi));
-                done.store(seen, Ordering::Release);
-            }
-        });
-        let helper = helper.thread().clone();
-        group.throughput(Throughput::Bytes((buf.len() * 4) as u64));
-        group.bench_function("read_64MiB_baseline", |b| {
-            timed(b, || {
-                let e = epoch.fetch_add(1, Ordering::AcqRel) + 1;
-                helper.unpark();
-                black_box(read_sum(lo));
-                while done.load(Ordering::Acquire) != e {
-                    std::hint::spin_loop();
-                }
-            })
-        });
-        stop.store(true, Ordering::Release);
-        helper.unpark();
-    });
+    let read = ReadBaseline::new(64 << 20);
+    group.throughput(Throughput::Bytes(read.bytes() as u64));
+    group.bench_function("read_64MiB_baseline", |b| timed(b, || read.run()));
 }
 
 fn bench_add(c: &mut Criterion) {

@@ -29,8 +29,11 @@ pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };
 /// Chunks of units per thread that [`Exec::par_for`] aims for.
 const CHUNKS_PER_THREAD: usize = 8;
 /// Chunks per thread in [`Exec::par_for_contiguous`]: small, so that the last stolen chunk
-/// is short; claims stay cheap (one compare-and-swap each) and in order.
-const STREAM_CHUNKS_PER_THREAD: usize = 32;
+/// is short; claims stay cheap (one compare-and-swap each) and in order. With 128 a 64 MiB
+/// f32 mat-vec (256 units of 16 rows) claims one unit (256 KiB) at a time: the two threads
+/// then finished 5–7 µs apart against 19–49 µs with 32 (four units a claim), of a call of
+/// about 850 µs (instrumented runs of `benches/matvec.rs`, the fastest quarter of calls).
+const STREAM_CHUNKS_PER_THREAD: usize = 128;
 /// Elements per unit of elementwise work.
 const ROW_CHUNK: usize = 4096;
 /// Rows of the weight matrix per unit in the dot-product matrix path.

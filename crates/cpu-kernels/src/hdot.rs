@@ -16,6 +16,8 @@
 //!
 //! The functions here are portable code (`f32::mul_add` fuses at every level), compiled for
 //! AVX2/FMA at run time where available so they vectorise; every level gives the same bits.
+//! One-column products whose weights stream from DRAM read the f16 rows in place with
+//! AVX-512 ([`dot_rows_f16`]), converting in registers, in the same order.
 //!
 //! Indexing: [`dot_rows`] asserts the row and column lengths once; the loops below index
 //! `chunks_exact` pieces and the fixed-size accumulators with constant bounds.
@@ -184,6 +186,138 @@ fn round_to_f16_f16c(v: &mut [f32]) {
         }
     }
     round_to_f16_portable(chunks.into_remainder());
+}
+
+/// Rows of a [`dot_rows_f16`] call: eight read side by side, as the read ceiling's eight
+/// streams (four rows reached 0.56–0.74 of a one-thread read, eight 0.66–0.78). With four
+/// accumulators a row, thirty-two, the compiler keeps a few on the stack: the loop waits on
+/// DRAM, not on those L1 accesses.
+pub(crate) const F16_ROWS: usize = 8;
+
+/// Whether [`dot_rows_f16`] runs its AVX-512 body on this CPU. The executor then reads
+/// one-column f16 products' rows in place (16 bits an element from DRAM, converted in
+/// registers) instead of converting them into f32 scratch first, which made a product
+/// with weights larger than the L3 cache convert-bound (0.13–0.3 of the read ceiling).
+pub(crate) fn has_direct_f16() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        return true;
+    }
+    false
+}
+
+/// `out[r] = rows[r] · col` in [`Order::VecDot`], the rows as f16 bits (two little-endian
+/// bytes an element, at least `2 · col.len()` bytes each): the same bits as [`dot_rows`]
+/// on the rows converted to f32 (the conversion is exact, and every lane sees the same
+/// fused multiply-adds in the same order).
+pub(crate) fn dot_rows_f16(rows: [&[u8]; F16_ROWS], col: &[f32]) -> [f32; F16_ROWS] {
+    let k = col.len();
+    assert!(
+        rows.iter().all(|r| r.len() / 2 >= k),
+        "hdot::dot_rows_f16: short row (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if has_direct_f16() {
+        // SAFETY: the CPU has AVX-512F, F16C and FMA (checked just above); every row holds
+        // at least `2 · k` bytes (asserted above).
+        return unsafe { rows_f16_avx512(rows, col) };
+    }
+    rows.map(|r| vec_dot_f16(r, col))
+}
+
+/// The f16 value of element `i` of a row of f16 bits, as f32.
+#[inline(always)]
+fn f16_at(row: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])).to_f32()
+}
+
+/// [`vec_dot`] on a row of f16 bits, converting each step of 64 as it goes.
+fn vec_dot_f16(row: &[u8], col: &[f32]) -> f32 {
+    let k = col.len();
+    let np = k / 64 * 64;
+    let mut acc = [[0.0f32; 16]; 4];
+    for (s, c) in col[..np].chunks_exact(64).enumerate() {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, al) in a.iter_mut().enumerate() {
+                let i = 16 * j + l;
+                *al = f16_at(row, 64 * s + i).mul_add(c[i], *al);
+            }
+        }
+    }
+    let x: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let mut sum = f64::from(reduce16(&x));
+    for (i, &b) in col.iter().enumerate().skip(np) {
+        sum += f64::from(f16_at(row, i) * b);
+    }
+    sum as f32
+}
+
+/// How far ahead (in elements: 1 KiB of f16) [`rows_f16_avx512`] prefetches each row. One
+/// thread over 64 MiB of f16 weights (`benches/matvec.rs`, `BENCH_THREADS=1`): 512 bytes
+/// and 2 KiB were no better, without prefetch slower.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+const F16_PREFETCH: usize = 512;
+
+/// [`dot_rows_f16`] with 512-bit vectors: accumulator `(r, j)` is one vector, its lane
+/// `l` the portable accumulator `j`'s lane `l` of row `r`; each step converts 16 f16
+/// elements of a row with `vcvtph2ps`, and each step of 64 prefetches two cache lines of
+/// each row [`F16_PREFETCH`] elements ahead.
+///
+/// # Safety
+/// AVX-512F, F16C and FMA; every row at least `2 · col.len()` bytes.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f,f16c,fma")]
+unsafe fn rows_f16_avx512(rows: [&[u8]; F16_ROWS], col: &[f32]) -> [f32; F16_ROWS] {
+    use std::arch::x86_64::*;
+    let k = col.len();
+    let np = k / 64 * 64;
+    let rp = rows.map(<[u8]>::as_ptr);
+    let c = col.as_ptr();
+    // acc[4r + j]
+    let mut acc = [_mm512_setzero_ps(); 4 * F16_ROWS];
+    let mut i = 0;
+    while i < np {
+        // SAFETY: `i + 64 <= np <= k`: the column's floats [i, i + 64) and each row's bytes
+        // [2i, 2i + 128) are inside them (caller's contract). Prefetch addresses are computed
+        // with `wrapping_add` (they may lie past a row's end) and a prefetch never faults.
+        unsafe {
+            for &p in &rp {
+                let ahead = p.wrapping_add(2 * (i + F16_PREFETCH));
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+            }
+            let y: [__m512; 4] = std::array::from_fn(|j| _mm512_loadu_ps(c.add(i + 16 * j)));
+            for r in 0..F16_ROWS {
+                for j in 0..4 {
+                    let h = _mm256_loadu_si256(rp[r].add(2 * (i + 16 * j)).cast());
+                    acc[4 * r + j] = _mm512_fmadd_ps(_mm512_cvtph_ps(h), y[j], acc[4 * r + j]);
+                }
+            }
+        }
+        i += 64;
+    }
+    let mut out = [0.0f32; F16_ROWS];
+    // Indexed by constants (a slice of `acc` kept it in memory through the loop).
+    let sums: [__m512; F16_ROWS] = std::array::from_fn(|r| {
+        _mm512_add_ps(
+            _mm512_add_ps(acc[4 * r], acc[4 * r + 2]),
+            _mm512_add_ps(acc[4 * r + 1], acc[4 * r + 3]),
+        )
+    });
+    for ((o, &v), row) in out.iter_mut().zip(&sums).zip(rows) {
+        let mut x = [0.0f32; 16];
+        // SAFETY: `x` holds sixteen floats.
+        unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) };
+        let mut sum = f64::from(reduce16(&x));
+        for (t, &b) in col.iter().enumerate().skip(np) {
+            sum += f64::from(f16_at(row, t) * b);
+        }
+        *o = sum as f32;
+    }
+    out
 }
 
 /// Rows of a [`dot_tile`] call.
@@ -381,6 +515,51 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The in-place f16 rows give the bits of the converted rows' one-column order, at every
+    /// level (the AVX-512 body where the CPU has it, the portable one under Miri).
+    #[test]
+    fn f16_rows_in_place_match_the_converted_rows() {
+        let val = |i: usize| {
+            let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
+            half::f16::from_f32(x * if i.is_multiple_of(5) { 3.0 } else { 1e-3 })
+        };
+        let lens: &[usize] = if cfg!(miri) {
+            &[0, 5, 64, 70]
+        } else {
+            &[0, 1, 63, 64, 65, 100, 512, 1000, 4133]
+        };
+        for &k in lens {
+            let halves: Vec<Vec<half::f16>> = (0..F16_ROWS)
+                .map(|r| (0..k + 3).map(|i| val(i * 4 + r)).collect())
+                .collect();
+            let bytes: Vec<Vec<u8>> = halves
+                .iter()
+                .map(|h| h.iter().flat_map(|v| v.to_le_bytes()).collect())
+                .collect();
+            let rows: Vec<Vec<f32>> = halves
+                .iter()
+                .map(|h| h.iter().map(|v| v.to_f32()).collect())
+                .collect();
+            let col: Vec<f32> = (0..k).map(|i| val(i + 7777).to_f32()).collect();
+            let want = rows_portable(
+                Order::VecDot,
+                std::array::from_fn::<_, F16_ROWS, _>(|r| &rows[r][..]),
+                &col,
+            );
+            let rb: [&[u8]; F16_ROWS] = std::array::from_fn(|r| &bytes[r][..]);
+            assert_eq!(
+                dot_rows_f16(rb, &col).map(f32::to_bits),
+                want.map(f32::to_bits),
+                "k {k}"
+            );
+            assert_eq!(
+                rb.map(|r| vec_dot_f16(r, &col).to_bits()),
+                want.map(f32::to_bits),
+                "k {k}, portable"
+            );
         }
     }
 

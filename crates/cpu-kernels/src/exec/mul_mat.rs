@@ -6,6 +6,9 @@
 
 use super::*;
 
+// The in-place f16 kernel computes one whole row group of the dot path.
+const _: () = assert!(hdot::F16_ROWS == F32_ROWS);
+
 impl Exec<'_> {
     /// `packed`: `a` is q4_0 in the interleaved layout of `repack` (groups of 16 rows).
     pub(super) fn mul_mat(
@@ -129,6 +132,14 @@ impl Exec<'_> {
         // heads' columns are the consecutive packed columns `batch0 · n ..`, `nn` in all.
         let bh = if a.ne[2] * r2 == dst.ne[2] { r2 } else { 1 };
         let nn = bh * n;
+        // One-column f16 products read their rows in place, converting in registers
+        // (`hdot::dot_rows_f16`), where the CPU has that kernel; with several columns the
+        // rows are converted once into scratch and shared by the columns.
+        let direct_f16 = a.ty == ElementType::F16
+            && half_order == hdot::Order::VecDot
+            && nn == 1
+            && a.rows_contiguous()
+            && hdot::has_direct_f16();
         let this = &*self;
         if packed {
             let cols = PackedCols {
@@ -165,9 +176,9 @@ impl Exec<'_> {
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
                         _ => F32_ROWS,
                     };
-                    // The unit's quantized rows, bounds-checked once (row `rows.start + i`
-                    // is `row_len` bytes at `i · nb[1]`).
-                    let span = if group == ROWS {
+                    // The unit's quantized (or in-place f16) rows, bounds-checked once (row
+                    // `rows.start + i` is `row_len` bytes at `i · nb[1]`).
+                    let span = if group == ROWS || direct_f16 {
                         a.rows_bytes(rows.start, nr, a2, a3)
                     } else {
                         &[]
@@ -216,6 +227,12 @@ impl Exec<'_> {
                                         put(j, &d);
                                     }
                                 }
+                            }
+                            ElementType::F16 if direct_f16 => {
+                                let c = batch0 * n;
+                                let col = &packed_f32[c * k..(c + 1) * k];
+                                let rs = std::array::from_fn(|r| qrow(row_of(r)));
+                                put(0, &hdot::dot_rows_f16(rs, col));
                             }
                             ElementType::F16 => {
                                 let rws: [&[f32]; F32_ROWS] =

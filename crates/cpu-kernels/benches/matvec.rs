@@ -1,0 +1,180 @@
+//! Mat-vec products whose weights exceed the L3 cache, against the read ceiling, in
+//! interleaved rounds: `cargo bench -p cpu-kernels --bench matvec`.
+//!
+//! Each round makes `MATVEC_REPS` (default 5) back-to-back calls of the two-thread read of
+//! 64 MiB (`read`, [`support::read_baseline`], the same ceiling as `kernels`'
+//! `mul_mat/read_64MiB_baseline`) and then of each product, one weight matrix each, and keeps
+//! each one's fastest call; `MATVEC_ROUNDS` (default 20) rounds. On a shared machine the
+//! fastest call is the one that kept both cores, and taking it per round, read and products
+//! side by side, compares them under the same load. Printed per row: the fastest call over
+//! all rounds and the median of the rounds' fastest (ms), the weights' bytes per second of
+//! the fastest call, and its fraction of the read's bandwidth: best over best, and the
+//! median over rounds of the same round's ratio.
+//!
+//! Rows: `f32_4096x4096_x1` (64 MiB, as in `kernels`) in the CPU buffer type (64-byte
+//! aligned, as the CPU backend allocates) and `f32_4096x4096_x1_host` in the crate's test
+//! host buffer (16 bytes past a cache line, where the f32 kernel is mostly a little slower); `f16_8192x4096_x1` (64 MiB),
+//! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
+//! (72 MiB). `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
+//! `BENCH_THREADS=N`: threads of the products; with 1 the read is one thread's too (the
+//! per-core streaming efficiency, which a loaded machine disturbs less). Results go to
+//! stdout as a table.
+#![allow(clippy::print_stdout)]
+
+#[path = "support/read_baseline.rs"]
+mod read_baseline;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use cpu_kernels::CpuCompute;
+use graph::{Context, ElementType, Graph};
+use read_baseline::ReadBaseline;
+
+struct Case {
+    name: String,
+    ctx: Context,
+    g: Graph,
+    bytes: usize,
+    _bufs: Vec<backend_core::Buffer>,
+}
+
+/// `y = W·x` with `W` of `ty`, `k` × `m`, in a CPU buffer (64-byte aligned), or with
+/// `unaligned` in the crate's test host buffer (a `Vec<u64>`: 16 mod 64 from glibc).
+fn case(name: &str, ty: ElementType, k: i64, m: i64, unaligned: bool) -> Case {
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ty, k, m).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let bytes = ctx[w].nbytes();
+    let buft = backend_cpu::cpu_buffer_type();
+    let wbuf = if unaligned {
+        cpu_kernels::doc_support::host_buffer(bytes)
+    } else {
+        buft.alloc_buffer(bytes).unwrap()
+    };
+    // Small finite values everywhere (0x3c3c is 1.06 as f16, 0x3c3c3c3c 0.011 as f32).
+    wbuf.clear(0x3c).unwrap();
+    backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
+    let xbytes = ctx[x].nbytes().next_multiple_of(64);
+    let xbuf = buft.alloc_buffer(xbytes + ctx[y].nbytes()).unwrap();
+    xbuf.clear(0x3c).unwrap();
+    backend_core::tensor_alloc(&mut ctx, &xbuf, x, 0).unwrap();
+    backend_core::tensor_alloc(&mut ctx, &xbuf, y, xbytes).unwrap();
+    Case {
+        name: name.to_owned(),
+        ctx,
+        g,
+        bytes,
+        _bufs: vec![wbuf, xbuf],
+    }
+}
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The fastest of `reps` back-to-back calls of `f`.
+fn fastest(reps: usize, mut f: impl FnMut()) -> Duration {
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a name filter is taken from MATVEC_CASES instead.
+    let rounds = env("MATVEC_ROUNDS", 20).max(1);
+    let reps = env("MATVEC_REPS", 5).max(1);
+    let filter = std::env::var("MATVEC_CASES").unwrap_or_default();
+    let keep = |name: &str| filter.is_empty() || filter.split(',').any(|w| name.contains(w));
+    let threads = env("BENCH_THREADS", 2).max(1);
+    let cpu = CpuCompute::new(threads);
+    let read = ReadBaseline::new(64 << 20);
+    let all = [
+        ("f32_4096x4096_x1", ElementType::F32, 4096, 4096, false),
+        ("f32_4096x4096_x1_host", ElementType::F32, 4096, 4096, true),
+        ("f16_8192x4096_x1", ElementType::F16, 8192, 4096, false),
+        ("q8_0_8192x8192_x1", ElementType::Q8_0, 8192, 8192, false),
+        ("q4_1_8192x16384_x1", ElementType::Q4_1, 8192, 16384, false),
+        ("q4_0_8192x16384_x1", ElementType::Q4_0, 8192, 16384, false),
+    ];
+    let cases: Vec<Case> = all
+        .iter()
+        .filter(|c| keep(c.0))
+        .map(|&(name, ty, k, m, off)| case(name, ty, k, m, off))
+        .collect();
+    // Warm up: page faults, scratch growth, the pool's threads.
+    for _ in 0..2 {
+        read.run();
+        for c in &cases {
+            black_box(cpu.compute(&c.ctx, c.g.as_view(), None).unwrap());
+        }
+    }
+    let mut read_t = Vec::new();
+    let mut case_t: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        read_t.push(
+            fastest(reps, || {
+                if threads == 1 {
+                    read.run_one_thread();
+                } else {
+                    read.run();
+                }
+            })
+            .as_secs_f64(),
+        );
+        for (c, t) in cases.iter().zip(&mut case_t) {
+            let d = fastest(reps, || {
+                black_box(cpu.compute(&c.ctx, c.g.as_view(), None).unwrap());
+            });
+            t.push(d.as_secs_f64());
+        }
+    }
+    let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
+    let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let read_best = best(&read_t);
+    let read_bw = gbs(read.bytes(), read_best);
+    println!(
+        "{rounds} rounds x {reps} calls; fastest ms / median of rounds' fastest ms / GB/s / \
+         fraction of read (best, median of rounds)"
+    );
+    println!(
+        "{:<26} {:>7.3} {:>7.3} {:>6.1}",
+        "read_64MiB",
+        read_best * 1e3,
+        median(read_t.clone()) * 1e3,
+        read_bw
+    );
+    for (c, t) in cases.iter().zip(&case_t) {
+        let b = best(t);
+        let per_round: Vec<f64> = t
+            .iter()
+            .zip(&read_t)
+            .map(|(&tc, &tr)| gbs(c.bytes, tc) / gbs(read.bytes(), tr))
+            .collect();
+        println!(
+            "{:<26} {:>7.3} {:>7.3} {:>6.1} {:>5.3} {:>5.3}",
+            c.name,
+            b * 1e3,
+            median(t.clone()) * 1e3,
+            gbs(c.bytes, b),
+            gbs(c.bytes, b) / read_bw,
+            median(per_round)
+        );
+    }
+}
