@@ -46,7 +46,40 @@ fn the_repack_buffer_type_is_an_extra_buffer_type_of_the_cpu_device() {
     assert!(cpu_device().supports_buft(&buft));
     let ext = cpu_registry().extension(EXT_EXTRA_BUFFER_TYPES).unwrap();
     let f = ext.downcast_ref::<ExtraBufferTypes>().unwrap();
-    assert_eq!(f(), vec![buft]);
+    assert_eq!(f(), vec![buft.clone()]);
+    assert_eq!(cpu_device().extra_buffer_types(), vec![buft]);
+}
+
+/// As ggml's CPU device: an op with a source in the repack buffer type runs only if that
+/// source is stored repacked (as a product's weights); tensors the buffer keeps as they are
+/// are refused, so weight loaders that probe with `supports_op` leave them in plain memory.
+#[test]
+fn tensors_a_repack_buffer_stores_as_they_are_are_refused() {
+    let mut ctx = Context::new();
+    let odd = ctx.new_tensor_2d(ElementType::Q4_0, 64, 8).unwrap(); // 8 rows: not repacked
+    let f = ctx.new_tensor_2d(ElementType::F32, 64, 16).unwrap();
+    let buf = cpu_repack_buffer_type().alloc_buffer(8192).unwrap();
+    tensor_alloc(&mut ctx, &buf, odd, 0).unwrap();
+    tensor_alloc(&mut ctx, &buf, f, 4096).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+    let mm_odd = ctx.mul_mat(odd, x).unwrap();
+    let mm_f = ctx.mul_mat(f, x).unwrap();
+    let dev = cpu_device();
+    assert!(!dev.supports_op(&ctx, mm_odd));
+    assert!(!dev.supports_op(&ctx, mm_f));
+    // An empty buffer of the type answers as a full one would (weight loaders probe so).
+    let mut c2 = Context::new();
+    let w = c2.new_tensor_2d(ElementType::Q4_0, 64, 16).unwrap();
+    let x = c2.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+    let mm = c2.mul_mat(w, x).unwrap();
+    let empty = cpu_repack_buffer_type().alloc_buffer(0).unwrap();
+    c2.get_mut(w)
+        .unwrap()
+        .set_storage(Some(empty.storage_at(0)));
+    assert!(dev.supports_op(&c2, mm));
+    let ids = c2.new_tensor_1d(ElementType::I32, 1).unwrap();
+    let rows = c2.get_rows(w, ids).unwrap();
+    assert!(!dev.supports_op(&c2, rows));
 }
 
 #[test]

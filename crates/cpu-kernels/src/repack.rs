@@ -44,7 +44,7 @@ pub const REPACK_BUFFER_TYPE_NAME: &str = "CPU_REPACK";
 /// Whether `t`, placed in a [`REPACK_BUFFER_TYPE_NAME`] buffer, is stored repacked: a q4_0
 /// tensor that is not a view, with dense rows and a multiple of [`GROUP_ROWS`] rows per
 /// matrix (`ne[1]`), so groups never straddle two matrices. Any other tensor in such a buffer
-/// is stored as it is.
+/// is stored as it is, and the CPU device runs no op that reads it.
 ///
 /// ```
 /// use graph::{Context, ElementType};
@@ -68,13 +68,17 @@ pub fn is_repackable(t: &Tensor) -> bool {
 /// How the kernels must read a tensor's bytes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Layout {
-    /// As its type says.
+    /// As its type says, in a buffer of another type.
     Plain,
     /// Interleaved in groups of [`GROUP_ROWS`] rows (a [`is_repackable`] tensor in a
     /// [`REPACK_BUFFER_TYPE_NAME`] buffer).
     Repacked,
     /// A view into a repacked tensor: its bytes are not where its strides say.
     Unreadable,
+    /// Stored as its type says, but in a [`REPACK_BUFFER_TYPE_NAME`] buffer (not
+    /// [`is_repackable`]). Its bytes are readable, but no op takes it (see
+    /// [`layouts_supported`]).
+    AsIs,
 }
 
 /// The layout of tensor `id`'s bytes.
@@ -82,15 +86,21 @@ pub(crate) fn layout(ctx: &graph::Context, id: graph::TensorId) -> Layout {
     let Ok(t) = ctx.get(id) else {
         return Layout::Plain;
     };
-    // Only q4_0 is repacked, and views keep their root's type: other tensors are plain
-    // without looking at their buffer (this runs for every source of every node).
-    if t.ty() != ElementType::Q4_0 {
+    // The buffer type's name first: it needs no handle clone (this runs for every source of
+    // every node the scheduler asks about).
+    let named_repack = t
+        .storage()
+        .and_then(backend_core::storage_buffer_type)
+        .is_some_and(|b| b.name() == REPACK_BUFFER_TYPE_NAME);
+    if !named_repack {
         return Layout::Plain;
     }
+    // A buffer of that name is ours if its implementation is; an empty one has none (a
+    // weight loader places a weight in one to ask whether an op would take it there).
     let in_repack = t
         .storage()
         .and_then(backend_core::Buffer::from_storage)
-        .is_some_and(|b| RepackBuffer::of(&b).is_some());
+        .is_some_and(|b| b.size() == 0 || RepackBuffer::of(&b).is_some());
     if !in_repack {
         return Layout::Plain;
     }
@@ -99,12 +109,20 @@ pub(crate) fn layout(ctx: &graph::Context, id: graph::TensorId) -> Layout {
     }
     match t.view_src().and_then(|s| ctx.get(s).ok()) {
         Some(root) if is_repackable(root) => Layout::Unreadable,
-        _ => Layout::Plain,
+        _ => Layout::AsIs,
     }
 }
 
 /// Whether node `id` can read its sources and write its result given their layouts: a
-/// repacked tensor only as the weights (source 0) of MUL_MAT, never a view into one.
+/// repacked tensor only as the weights (source 0) of MUL_MAT, never a view into one, and no
+/// other tensor of a [`REPACK_BUFFER_TYPE_NAME`] buffer at all.
+///
+/// Why refuse tensors a repack buffer stores as they are (their bytes are readable): ggml's
+/// CPU device answers for an op with a source in one of its extra buffer types by that
+/// buffer type's own check, which accepts only the products it repacks for; a weight loader
+/// that asks "would this op run on the device with this weight in that buffer type" (as
+/// llama.cpp's does, and `backend_core::WeightBufferTypes`) then puts in the repack buffer
+/// type only the weights it repacks, and keeps the others where they cost no copy.
 pub(crate) fn layouts_supported(ctx: &graph::Context, id: graph::TensorId) -> bool {
     let Ok(t) = ctx.get(id) else {
         return false;
@@ -118,7 +136,7 @@ pub(crate) fn layouts_supported(ctx: &graph::Context, id: graph::TensorId) -> bo
     (0..graph::MAX_SRC).all(|i| match t.src(i).map(|s| layout(ctx, s)) {
         None | Some(Layout::Plain) => true,
         Some(Layout::Repacked) => i == 0 && t.op() == graph::Op::MulMat,
-        Some(Layout::Unreadable) => false,
+        Some(Layout::Unreadable | Layout::AsIs) => false,
     })
 }
 
