@@ -41,18 +41,24 @@ fn placement(model: &Llama) -> Vec<(String, String)> {
 }
 
 #[test]
-fn q4_0_matrices_go_to_cpu_repack_and_the_logits_keep_their_bits() {
-    let m = Synthetic::tiny(11).quantized(ElementType::Q4_0);
-    let mut packed = Llama::new(&m, opts(true)).unwrap();
-    let mut plain = Llama::new(&m, opts(false)).unwrap();
-    for (name, buft) in placement(&packed) {
-        let matrix = m.tensors[&name].ty == ElementType::Q4_0;
-        let want = if matrix { "CPU_REPACK" } else { "CPU_Mapped" };
-        assert_eq!(buft, want, "{name}");
+fn q4_matrices_go_to_cpu_repack_and_the_logits_keep_their_bits() {
+    for ty in [ElementType::Q4_0, ElementType::Q4_1] {
+        let m = Synthetic::tiny(11).quantized(ty);
+        let mut packed = Llama::new(&m, opts(true)).unwrap();
+        let mut plain = Llama::new(&m, opts(false)).unwrap();
+        for (name, buft) in placement(&packed) {
+            let matrix = m.tensors[&name].ty == ty;
+            let want = if matrix { "CPU_REPACK" } else { "CPU_Mapped" };
+            assert_eq!(buft, want, "{ty:?} {name}");
+        }
+        assert!(placement(&plain).iter().all(|(_, b)| b == "CPU_Mapped"));
+        let prompt = [3, 17, 42, 8, 8];
+        assert_eq!(
+            logits(&mut packed, &prompt),
+            logits(&mut plain, &prompt),
+            "{ty:?}"
+        );
     }
-    assert!(placement(&plain).iter().all(|(_, b)| b == "CPU_Mapped"));
-    let prompt = [3, 17, 42, 8, 8];
-    assert_eq!(logits(&mut packed, &prompt), logits(&mut plain, &prompt));
 }
 
 #[test]
@@ -63,8 +69,9 @@ fn weights_without_a_repacked_layout_stay_in_the_file() {
     assert!(placement(&model).iter().all(|(_, b)| b == "CPU_Mapped"));
 }
 
-/// SmolLM2 (Q4_1 blocks, tied Q8_0 embeddings): the logits of a prompt and three steps have
-/// the same bits with and without the extra buffer types.
+/// SmolLM2 (Q4_1 blocks, tied Q8_0 embeddings): every Q4_1 matrix is repacked, the rest
+/// stays mapped, and the logits of a prompt and three steps have the same bits with and
+/// without the extra buffer types.
 #[test]
 fn smollm2_logits_keep_their_bits() {
     let Some(file) = common::golden::model_or_skip("repack") else {
@@ -75,6 +82,12 @@ fn smollm2_logits_keep_their_bits() {
     let placed = placement(&packed);
     let n = placed.iter().filter(|(_, b)| b == "CPU_REPACK").count();
     eprintln!("{n} of {} weights in CPU_REPACK", placed.len());
+    for (name, buft) in &placed {
+        let q4_1 = file.tensor(name).unwrap().ty() == ElementType::Q4_1;
+        let want = if q4_1 { "CPU_REPACK" } else { "CPU_Mapped" };
+        assert_eq!(buft, want, "{name}");
+    }
+    assert_eq!(n, 210, "30 blocks of 7 Q4_1 matrices");
     assert!(placement(&plain).iter().all(|(_, b)| b == "CPU_Mapped"));
     let prompt = [504, 3575, 282, 4649, 314];
     assert_eq!(logits(&mut packed, &prompt), logits(&mut plain, &prompt));
