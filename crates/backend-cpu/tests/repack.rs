@@ -292,3 +292,39 @@ fn only_mul_mat_reads_repacked_weights() {
     let rows = c2.get_rows(w, ids).unwrap();
     assert!(dev.supports_op(&c2, rows));
 }
+
+/// `WeightBufferTypes` probes without placing: the weight stays unplaced after a selection,
+/// a placed weight or a view is a typed error, no uses select nothing.
+#[test]
+fn weight_buffer_types_probe_without_placing() {
+    let extra = WeightBufferTypes::new(&cpu_device(), true);
+    assert_eq!(
+        extra.types().cloned().collect::<Vec<_>>(),
+        vec![cpu_repack_buffer_type()]
+    );
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ElementType::Q4_1, 64, 32).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    assert_eq!(
+        extra.select(&mut ctx, w, &[y]).unwrap(),
+        Some(cpu_repack_buffer_type())
+    );
+    assert!(!ctx[w].has_storage());
+    assert_eq!(extra.select(&mut ctx, w, &[]).unwrap(), None);
+    let view = ctx.view_2d(w, 64, 16, ctx[w].nb()[1], 0).unwrap();
+    assert!(matches!(
+        extra.select(&mut ctx, view, &[y]),
+        Err(BackendError::AlreadyAllocated(_))
+    ));
+    let buf = cpu_buffer_type().alloc_buffer(ctx[w].nbytes()).unwrap();
+    tensor_alloc(&mut ctx, &buf, w, 0).unwrap();
+    assert!(matches!(
+        extra.select(&mut ctx, w, &[y]),
+        Err(BackendError::AlreadyAllocated(_))
+    ));
+    assert!(
+        ctx[w].has_storage(),
+        "a refused probe leaves the placement alone"
+    );
+}
