@@ -77,6 +77,14 @@ pub trait DeviceImpl: Send + Sync + 'static {
     fn host_buffer_type(&self) -> Option<BufferType> {
         None
     }
+    /// Extra buffer types of the device (ggml's `ggml_backend_dev_get_extra_bufts`): memory
+    /// its backends read, in which some weights are stored in a layout of the device's own
+    /// (the CPU's `CPU_REPACK`). A weight belongs in one when [`DeviceImpl::supports_op`]
+    /// accepts the op that uses it with the weight placed there: see
+    /// [`crate::WeightBufferTypes`]. None by default.
+    fn extra_buffer_types(&self) -> Vec<BufferType> {
+        Vec::new()
+    }
     /// A buffer over caller-owned host memory (e.g. a memory-mapped weights file). The buffer
     /// keeps `memory` alive and never frees it itself.
     fn buffer_from_host_memory(
@@ -163,6 +171,10 @@ impl Device {
     /// Pinned host buffer type, if any.
     pub fn host_buffer_type(&self) -> Option<BufferType> {
         self.0.host_buffer_type()
+    }
+    /// Extra buffer types for weights ([`DeviceImpl::extra_buffer_types`]).
+    pub fn extra_buffer_types(&self) -> Vec<BufferType> {
+        self.0.extra_buffer_types()
     }
     /// A buffer over caller-owned host memory.
     pub fn buffer_from_host_memory(

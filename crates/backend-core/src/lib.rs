@@ -18,6 +18,7 @@ mod host;
 mod raw;
 mod registry;
 mod tensor;
+mod weights;
 
 pub use backend::{Backend, BackendImpl, ComputeStatus, GraphPlan, Guid};
 pub use buffer::{
@@ -33,3 +34,4 @@ pub use tensor::{
     tensor_alloc, tensor_buffer, tensor_copy, tensor_copy_async, tensor_get, tensor_memset,
     tensor_set, view_init,
 };
+pub use weights::WeightBufferTypes;

@@ -50,6 +50,9 @@ impl DeviceImpl for CpuDevice {
     fn buffer_type(&self) -> BufferType {
         crate::cpu_buffer_type()
     }
+    fn extra_buffer_types(&self) -> Vec<BufferType> {
+        extra_buffer_types()
+    }
     fn buffer_from_host_memory(
         &self,
         memory: HostMemory,
@@ -125,8 +128,9 @@ fn set_n_threads_ext(backend: &Backend, n: usize) -> Result<()> {
 }
 
 /// Name of the registry extension that lists the CPU device's extra buffer types (ggml's
-/// `ggml_backend_dev_get_extra_bufts`): today [`crate::cpu_repack_buffer_type`]. Its type
-/// is [`ExtraBufferTypes`].
+/// `ggml_backend_dev_get_extra_bufts`): today [`crate::cpu_repack_buffer_type`], the same
+/// list as [`backend_core::Device::extra_buffer_types`] of the CPU device. Its type is
+/// [`ExtraBufferTypes`].
 pub const EXT_EXTRA_BUFFER_TYPES: &str = "dev_get_extra_bufts";
 
 /// The type of the [`EXT_EXTRA_BUFFER_TYPES`] extension.

@@ -81,11 +81,12 @@ pub fn cpu_mapped_buffer_type() -> BufferType {
     .clone()
 }
 
-/// The CPU device's extra buffer type `"CPU_REPACK"` (ggml's `CPU_REPACK`): q4_0 matrices
-/// with a multiple of 16 rows are stored interleaved for the kernels
+/// The CPU device's extra buffer type `"CPU_REPACK"` (ggml's `CPU_REPACK`): q4_0 and q4_1
+/// matrices with a multiple of 16 rows are stored interleaved for the kernels
 /// (`cpu_kernels::repack`); `set_tensor` repacks, `get_tensor` gives back the plain bytes.
 /// Only MUL_MAT reads such a tensor (as its weights); the CPU device refuses any other op
-/// on it, so a scheduler leaves them alone. Listed by the registry extension
+/// on it, and every op on a tensor such a buffer stores as it is, so a scheduler leaves them
+/// alone and `backend_core::WeightBufferTypes` puts only repacked weights there. Listed by the registry extension
 /// [`EXT_EXTRA_BUFFER_TYPES`].
 ///
 /// ```

@@ -8,6 +8,11 @@ use graph::{Context, ElementType, Graph, TensorId};
 
 /// Deterministic q4_0 bytes with finite f16 scales (every 18-byte block starts with one).
 fn q4_bytes(seed: u64, n: usize) -> Vec<u8> {
+    q4_bytes_of(ElementType::Q4_0, seed, n)
+}
+
+/// Deterministic q4_0 or q4_1 bytes with finite f16 scales (and minimums).
+fn q4_bytes_of(ty: ElementType, seed: u64, n: usize) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut v: Vec<u8> = (0..n)
         .map(|_| {
@@ -17,8 +22,12 @@ fn q4_bytes(seed: u64, n: usize) -> Vec<u8> {
             (s >> 32) as u8
         })
         .collect();
-    for blk in v.chunks_exact_mut(18) {
+    let block = ty.type_size();
+    for blk in v.chunks_exact_mut(block) {
         blk[1] = 0x20 | (blk[1] & 0x8f); // exponent 8..15: 2^-7 .. 2^0 magnitudes
+        if ty == ElementType::Q4_1 {
+            blk[3] = 0x20 | (blk[3] & 0x8f);
+        }
     }
     v
 }
@@ -46,7 +55,40 @@ fn the_repack_buffer_type_is_an_extra_buffer_type_of_the_cpu_device() {
     assert!(cpu_device().supports_buft(&buft));
     let ext = cpu_registry().extension(EXT_EXTRA_BUFFER_TYPES).unwrap();
     let f = ext.downcast_ref::<ExtraBufferTypes>().unwrap();
-    assert_eq!(f(), vec![buft]);
+    assert_eq!(f(), vec![buft.clone()]);
+    assert_eq!(cpu_device().extra_buffer_types(), vec![buft]);
+}
+
+/// As ggml's CPU device: an op with a source in the repack buffer type runs only if that
+/// source is stored repacked (as a product's weights); tensors the buffer keeps as they are
+/// are refused, so weight loaders that probe with `supports_op` leave them in plain memory.
+#[test]
+fn tensors_a_repack_buffer_stores_as_they_are_are_refused() {
+    let mut ctx = Context::new();
+    let odd = ctx.new_tensor_2d(ElementType::Q4_0, 64, 8).unwrap(); // 8 rows: not repacked
+    let f = ctx.new_tensor_2d(ElementType::F32, 64, 16).unwrap();
+    let buf = cpu_repack_buffer_type().alloc_buffer(8192).unwrap();
+    tensor_alloc(&mut ctx, &buf, odd, 0).unwrap();
+    tensor_alloc(&mut ctx, &buf, f, 4096).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+    let mm_odd = ctx.mul_mat(odd, x).unwrap();
+    let mm_f = ctx.mul_mat(f, x).unwrap();
+    let dev = cpu_device();
+    assert!(!dev.supports_op(&ctx, mm_odd));
+    assert!(!dev.supports_op(&ctx, mm_f));
+    // An empty buffer of the type answers as a full one would (weight loaders probe so).
+    let mut c2 = Context::new();
+    let w = c2.new_tensor_2d(ElementType::Q4_0, 64, 16).unwrap();
+    let x = c2.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+    let mm = c2.mul_mat(w, x).unwrap();
+    let empty = cpu_repack_buffer_type().alloc_buffer(0).unwrap();
+    c2.get_mut(w)
+        .unwrap()
+        .set_storage(Some(empty.storage_at(0)));
+    assert!(dev.supports_op(&c2, mm));
+    let ids = c2.new_tensor_1d(ElementType::I32, 1).unwrap();
+    let rows = c2.get_rows(w, ids).unwrap();
+    assert!(!dev.supports_op(&c2, rows));
 }
 
 #[test]
@@ -119,9 +161,16 @@ fn set_and_get_round_trip_whole_in_parts_and_after_fills() {
 
 /// `y = w · x` with `w` in `weights` (plain or repacked) and every thread count: the bits of
 /// each compute, for the shapes (k, m, n, batch).
-fn products(buft: &BufferType, k: i64, m: i64, n: i64, batch: i64) -> Vec<Vec<u8>> {
+fn products(
+    buft: &BufferType,
+    ty: ElementType,
+    k: i64,
+    m: i64,
+    n: i64,
+    batch: i64,
+) -> Vec<Vec<u8>> {
     let mut ctx = Context::new();
-    let w = ctx.new_tensor_3d(ElementType::Q4_0, k, m, batch).unwrap();
+    let w = ctx.new_tensor_3d(ty, k, m, batch).unwrap();
     let x = ctx
         .new_tensor_3d(ElementType::F32, k, n, 2 * batch)
         .unwrap();
@@ -134,7 +183,7 @@ fn products(buft: &BufferType, k: i64, m: i64, n: i64, batch: i64) -> Vec<Vec<u8
         .unwrap();
     tensor_alloc(&mut ctx, &buf, x, 0).unwrap();
     tensor_alloc(&mut ctx, &buf, y, nx.next_multiple_of(64)).unwrap();
-    tensor_set(&ctx, w, 0, &q4_bytes(5, ctx[w].nbytes())).unwrap();
+    tensor_set(&ctx, w, 0, &q4_bytes_of(ty, 5, ctx[w].nbytes())).unwrap();
     tensor_set(&ctx, x, 0, &f32_bytes(6, nx / 4)).unwrap();
     let mut g = Graph::new(4);
     g.build_forward_expand(&mut ctx, y).unwrap();
@@ -162,13 +211,51 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
             (4096, 64, 1, 1),
         ]
     };
-    for &(k, m, n, batch) in shapes {
-        let plain = products(&cpu_buffer_type(), k, m, n, batch);
-        let packed = products(&cpu_repack_buffer_type(), k, m, n, batch);
-        for (t, (p, q)) in plain.iter().zip(&packed).enumerate() {
-            assert_eq!(p, q, "k={k} m={m} n={n} batch={batch}, {} threads", t + 1);
-            assert_eq!(p, &plain[0], "thread counts agree");
+    for ty in [ElementType::Q4_0, ElementType::Q4_1] {
+        for &(k, m, n, batch) in shapes {
+            let plain = products(&cpu_buffer_type(), ty, k, m, n, batch);
+            let packed = products(&cpu_repack_buffer_type(), ty, k, m, n, batch);
+            for (t, (p, q)) in plain.iter().zip(&packed).enumerate() {
+                assert_eq!(
+                    p,
+                    q,
+                    "{ty:?} k={k} m={m} n={n} batch={batch}, {} threads",
+                    t + 1
+                );
+                assert_eq!(p, &plain[0], "thread counts agree");
+            }
         }
+    }
+}
+
+/// q4_1 matrices (20-byte blocks: scale, minimum, quants) go through the same layout: whole
+/// and partial writes read back as written, the stored bytes are permuted.
+#[test]
+fn q4_1_round_trips_whole_and_in_parts() {
+    let (k, m) = (64, 32);
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ElementType::Q4_1, k, m).unwrap();
+    let nw = ctx[w].nbytes();
+    let buf = cpu_repack_buffer_type().alloc_buffer(nw).unwrap();
+    tensor_alloc(&mut ctx, &buf, w, 0).unwrap();
+    let mut want = q4_bytes_of(ElementType::Q4_1, 7, nw);
+    tensor_set(&ctx, w, 0, &want).unwrap();
+    assert_eq!(read(&ctx, w), want);
+    let mut c2 = Context::new();
+    let raw = c2.new_tensor_1d(ElementType::I8, nw as i64).unwrap();
+    tensor_alloc(&mut c2, &buf, raw, 0).unwrap();
+    assert_ne!(read(&c2, raw), want);
+    for (i, (off, len)) in [(0, 3), (3, 20), (21, 45), (300, 700)]
+        .into_iter()
+        .enumerate()
+    {
+        let patch = q4_bytes_of(ElementType::Q4_1, 20 + i as u64, len);
+        tensor_set(&ctx, w, off, &patch).unwrap();
+        want[off..off + len].copy_from_slice(&patch);
+        assert_eq!(read(&ctx, w), want, "write at {off}+{len}");
+        let mut part = vec![0u8; len];
+        tensor_get(&ctx, w, off, &mut part).unwrap();
+        assert_eq!(part, want[off..off + len]);
     }
 }
 
@@ -204,4 +291,40 @@ fn only_mul_mat_reads_repacked_weights() {
     let ids = c2.new_tensor_1d(ElementType::I32, 2).unwrap();
     let rows = c2.get_rows(w, ids).unwrap();
     assert!(dev.supports_op(&c2, rows));
+}
+
+/// `WeightBufferTypes` probes without placing: the weight stays unplaced after a selection,
+/// a placed weight or a view is a typed error, no uses select nothing.
+#[test]
+fn weight_buffer_types_probe_without_placing() {
+    let extra = WeightBufferTypes::new(&cpu_device(), true);
+    assert_eq!(
+        extra.types().cloned().collect::<Vec<_>>(),
+        vec![cpu_repack_buffer_type()]
+    );
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ElementType::Q4_1, 64, 32).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    assert_eq!(
+        extra.select(&mut ctx, w, &[y]).unwrap(),
+        Some(cpu_repack_buffer_type())
+    );
+    assert!(!ctx[w].has_storage());
+    assert_eq!(extra.select(&mut ctx, w, &[]).unwrap(), None);
+    let view = ctx.view_2d(w, 64, 16, ctx[w].nb()[1], 0).unwrap();
+    assert!(matches!(
+        extra.select(&mut ctx, view, &[y]),
+        Err(BackendError::AlreadyAllocated(_))
+    ));
+    let buf = cpu_buffer_type().alloc_buffer(ctx[w].nbytes()).unwrap();
+    tensor_alloc(&mut ctx, &buf, w, 0).unwrap();
+    assert!(matches!(
+        extra.select(&mut ctx, w, &[y]),
+        Err(BackendError::AlreadyAllocated(_))
+    ));
+    assert!(
+        ctx[w].has_storage(),
+        "a refused probe leaves the placement alone"
+    );
 }

@@ -15,7 +15,9 @@
 #   Cases: f32_4096x4096_x1, q4_0_4096x4096_x1, f32_4096x4096_x32, q4_0_4096x4096_x32,
 #   q4_0_4096x4096_x512 (the names of benches/kernels.rs's mul_mat group), and the three
 #   q4_0 shapes again as *_repack with the weights in ggml's CPU_REPACK buffer type (the
-#   interleaved layout and gemm kernels llama.cpp uses for q4_0 weights on this CPU).
+#   interleaved layout and gemm kernels llama.cpp uses for q4_0 weights on this CPU), then
+#   q4_1_4096x4096_x{1,32,512} (ggml 0.25.3 has no q4_1 repacked layout on x86: its default
+#   path). GGML_MATVEC_ONLY=PREFIX runs only the cases whose name starts with PREFIX.
 #   With BENCH_LARGE set (as for the Rust bench) f32_4096x4096x4096 comes first (one call
 #   per round).
 #   Weights and inputs are filled with the byte 0x3c, as the Rust bench does.
@@ -91,6 +93,11 @@ int main(int argc, char ** argv) {
         {"q4_0_4096x4096_x1_repack", GGML_TYPE_Q4_0, 4096, 4096, 1, true},
         {"q4_0_4096x4096_x32_repack", GGML_TYPE_Q4_0, 4096, 4096, 32, true},
         {"q4_0_4096x4096_x512_repack", GGML_TYPE_Q4_0, 4096, 4096, 512, true},
+        // No q4_1 layout in this ggml's CPU_REPACK (x86): its default path is what llama.cpp
+        // runs q4_1 weights with here.
+        {"q4_1_4096x4096_x1", GGML_TYPE_Q4_1, 4096, 4096, 1, false},
+        {"q4_1_4096x4096_x32", GGML_TYPE_Q4_1, 4096, 4096, 32, false},
+        {"q4_1_4096x4096_x512", GGML_TYPE_Q4_1, 4096, 4096, 512, false},
     };
     ggml_backend_dev_t dev = ggml_backend_get_device(cpu);
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
@@ -100,7 +107,11 @@ int main(int argc, char ** argv) {
     if (std::getenv("BENCH_LARGE") != nullptr) {
         todo.insert(todo.begin(), {"f32_4096x4096x4096", GGML_TYPE_F32, 4096, 4096, 4096, false});
     }
+    const char * only = std::getenv("GGML_MATVEC_ONLY");
     for (const Case & c : todo) {
+        if (only != nullptr && std::strncmp(c.name, only, std::strlen(only)) != 0) {
+            continue;
+        }
         if (c.repack && (extra == nullptr || extra[0] == nullptr)) {
             std::printf("%s (no extra buffer type)\n", c.name);
             continue;

@@ -80,11 +80,11 @@ fn mul_mat(ty: ElementType, k: i64, m: i64, n: i64) -> Setup {
     Setup { ctx, g, _buf: buf }
 }
 
-/// [`mul_mat`] for q4_0 weights of `k` × `m` in a CPU_REPACK buffer (with the same 0x3c
-/// bytes, written through `set_tensor`, which repacks them), and that buffer.
-fn mul_mat_repack(k: i64, m: i64, n: i64) -> (Setup, backend_core::Buffer) {
+/// [`mul_mat`] for weights of `ty` (q4_0 or q4_1), `k` × `m`, in a CPU_REPACK buffer (with
+/// the same 0x3c bytes, written through `set_tensor`, which repacks them), and that buffer.
+fn mul_mat_repack(ty: ElementType, k: i64, m: i64, n: i64) -> (Setup, backend_core::Buffer) {
     let mut ctx = Context::new();
-    let w = ctx.new_tensor_2d(ElementType::Q4_0, k, m).unwrap();
+    let w = ctx.new_tensor_2d(ty, k, m).unwrap();
     let x = ctx.new_tensor_2d(ElementType::F32, k, n).unwrap();
     let y = ctx.mul_mat(w, x).unwrap();
     let mut g = Graph::new(8);
@@ -135,6 +135,9 @@ fn bench_mul_mat(c: &mut Criterion) {
         ("q4_0_4096x4096_x1", ElementType::Q4_0, 4096, 4096, 1),
         ("q4_0_4096x4096_x32", ElementType::Q4_0, 4096, 4096, 32),
         ("q4_0_4096x4096_x512", ElementType::Q4_0, 4096, 4096, 512),
+        ("q4_1_4096x4096_x1", ElementType::Q4_1, 4096, 4096, 1),
+        ("q4_1_4096x4096_x32", ElementType::Q4_1, 4096, 4096, 32),
+        ("q4_1_4096x4096_x512", ElementType::Q4_1, 4096, 4096, 512),
     ];
     if std::env::var_os("BENCH_LARGE").is_some() {
         cases.push(("f32_4096x4096x4096", ElementType::F32, 4096, 4096, 4096));
@@ -151,10 +154,14 @@ fn bench_mul_mat(c: &mut Criterion) {
     }
     // The q4_0 shapes again with the weights in the CPU device's CPU_REPACK buffer type
     // (interleaved rows, `cpu_kernels::repack`), as ggml-matvec-bench.sh's `*_repack` rows.
-    for n in [1, 32, 512] {
-        let s = mul_mat_repack(4096, 4096, n);
+    for (ty, n) in [1, 32, 512]
+        .map(|n| (ElementType::Q4_0, n))
+        .into_iter()
+        .chain([1, 32, 512].map(|n| (ElementType::Q4_1, n)))
+    {
+        let s = mul_mat_repack(ty, 4096, 4096, n);
         group.throughput(Throughput::Elements((2 * 4096 * 4096 * n) as u64));
-        group.bench_function(format!("q4_0_4096x4096_x{n}_repack"), |b| {
+        group.bench_function(format!("{}_4096x4096_x{n}_repack", ty.name()), |b| {
             timed(b, || {
                 black_box(cpu.compute(&s.0.ctx, s.0.g.as_view(), None).unwrap())
             })
@@ -185,17 +192,44 @@ fn bench_llama(
         (576, 1536),
         (1536, 576),
     ];
+    for repack in [false, true] {
+        let (s, weight_bytes) = llama_decode(&shapes, repack);
+        group.throughput(Throughput::Bytes(weight_bytes as u64));
+        let name = if repack {
+            "q4_1_llama_30_layers_x1_repack"
+        } else {
+            "q4_1_llama_30_layers_x1"
+        };
+        group.bench_function(name, |b| {
+            timed(b, || {
+                black_box(cpu.compute(&s.0.ctx, s.0.g.as_view(), None).unwrap())
+            })
+        });
+    }
+    bench_llama_rest(cpu, group);
+}
+
+/// The thirty blocks' q4_1 products of a decode step (`shapes`: `(k, m)` per block), the
+/// weights in a plain buffer or in a CPU_REPACK one; the setup (and the weights' buffer)
+/// and the weights' bytes.
+fn llama_decode(shapes: &[(i64, i64)], repack: bool) -> ((Setup, backend_core::Buffer), usize) {
     let mut ctx = Context::new();
     let mut ids = Vec::new();
+    let mut ws = Vec::new();
     let mut outs = Vec::new();
     let mut weight_bytes = 0;
     for _ in 0..30 {
-        for (k, m) in shapes {
+        for &(k, m) in shapes {
             let w = ctx.new_tensor_2d(ElementType::Q4_1, k, m).unwrap();
             let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
             let y = ctx.mul_mat(w, x).unwrap();
             weight_bytes += ctx[w].nbytes();
-            ids.extend([w, x, y]);
+            if repack {
+                ws.push(w);
+            } else {
+                ids.push(w);
+            }
+            ids.extend([x, y]);
             outs.push(y);
         }
     }
@@ -203,15 +237,37 @@ fn bench_llama(
     for &y in &outs {
         g.build_forward_expand(&mut ctx, y).unwrap();
     }
+    let wbuf = if repack {
+        let mut total = 0;
+        let offs: Vec<usize> = ws
+            .iter()
+            .map(|&w| {
+                let off = total;
+                total += ctx[w].nbytes().next_multiple_of(64);
+                off
+            })
+            .collect();
+        let wbuf = backend_cpu::cpu_repack_buffer_type()
+            .alloc_buffer(total)
+            .unwrap();
+        for (&w, off) in ws.iter().zip(offs) {
+            backend_core::tensor_alloc(&mut ctx, &wbuf, w, off).unwrap();
+        }
+        // One byte value everywhere is the same in either layout.
+        wbuf.clear(0x3c).unwrap();
+        wbuf
+    } else {
+        host_buffer(0)
+    };
     let buf = alloc(&mut ctx, &ids);
-    let s = Setup { ctx, g, _buf: buf };
-    group.throughput(Throughput::Bytes(weight_bytes as u64));
-    group.bench_function("q4_1_llama_30_layers_x1", |b| {
-        timed(b, || {
-            black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap())
-        })
-    });
-    drop(s);
+    ((Setup { ctx, g, _buf: buf }, wbuf), weight_bytes)
+}
+
+/// The rest of [`bench_llama`]: the output head, attention, and the prompt shapes.
+fn bench_llama_rest(
+    cpu: &CpuCompute,
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+) {
     let head = mul_mat(ElementType::Q8_0, 576, 49152, 1);
     group.throughput(Throughput::Bytes(
         head.ctx[head.g.nodes()[0]]
@@ -246,6 +302,13 @@ fn bench_llama(
         group.bench_function(format!("q4_1_{k}x{m}_x{n}"), |b| {
             timed(b, || {
                 black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap())
+            })
+        });
+        drop(s);
+        let s = mul_mat_repack(ElementType::Q4_1, k, m, n);
+        group.bench_function(format!("q4_1_{k}x{m}_x{n}_repack"), |b| {
+            timed(b, || {
+                black_box(cpu.compute(&s.0.ctx, s.0.g.as_view(), None).unwrap())
             })
         });
     }

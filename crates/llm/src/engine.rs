@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use backend_core::{Backend, Buffer, BufferType, tensor_get, tensor_set};
+use backend_core::{Backend, Buffer, BufferType, WeightBufferTypes, tensor_get, tensor_set};
 use graph::{Checkpoint, Context, Graph, Op, TensorId};
 use sched::Scheduler;
 
@@ -43,6 +43,11 @@ pub struct LlamaOptions {
     pub rpc: Vec<String>,
     /// Record per-op compute times (computes node by node, a little slower).
     pub profile: bool,
+    /// Place the CPU's weights in the CPU device's extra buffer types where its kernels take
+    /// them (`CPU_REPACK`: matrices of the types it has an interleaved layout for, copied and
+    /// repacked at load), as llama.cpp does by default; `false` keeps every weight in place
+    /// in the mapped file (llama.cpp's `--no-repack`, `use_extra_bufts = false`).
+    pub extra_buffer_types: bool,
 }
 
 impl Default for LlamaOptions {
@@ -54,6 +59,7 @@ impl Default for LlamaOptions {
             offload: 0,
             rpc: Vec::new(),
             profile: false,
+            extra_buffer_types: true,
         }
     }
 }
@@ -167,9 +173,32 @@ impl Llama {
         let cpu = cpu_device.init_backend(&format!("n_threads={threads}"))?;
         let first = n_layer - offload;
         let offloaded = weights.layer_tensors(first..n_layer)?;
+        let extra = WeightBufferTypes::new(&cpu_device, opts.extra_buffer_types);
+        let selected = weights.select_extra_buffer_types(&mut ctx, &extra, &offloaded)?;
+        let mut buffers = Vec::new();
+        let mut not_mapped = offloaded.clone();
+        for buft in extra.types() {
+            let ids: Vec<TensorId> = selected
+                .iter()
+                .filter(|(_, b)| b == buft)
+                .map(|(id, _)| *id)
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            let buf = weights.place_copied(&mut ctx, file, buft, &ids)?;
+            tracing::info!(
+                buffer_type = buft.name(),
+                tensors = ids.len(),
+                bytes = buf.size(),
+                "weights copied into an extra buffer type of the CPU"
+            );
+            not_mapped.extend(ids);
+            buffers.push(buf);
+        }
         let file_buffer = LlamaWeights::file_buffer(file, &cpu_device)?;
-        let mapped = weights.place_in_file_buffer(&mut ctx, file, &file_buffer, &offloaded)?;
-        let mut buffers = vec![file_buffer];
+        let mapped = weights.place_in_file_buffer(&mut ctx, file, &file_buffer, &not_mapped)?;
+        buffers.push(file_buffer);
         let mut backends: Vec<Backend> = Vec::new();
         let mut layer_bufts: Vec<BufferType> = vec![cpu_device.buffer_type(); n_layer];
         let mut servers = Vec::new();
@@ -244,7 +273,7 @@ impl Llama {
             m.enable_profile();
         }
         tracing::info!(mapped_bytes = mapped, threads, n_ctx = opts.n_ctx,
-            elapsed = ?t0.elapsed(), "model loaded (weights used in place from the mapped file)");
+            elapsed = ?t0.elapsed(), "model loaded (other weights used in place from the mapped file)");
         Ok(m)
     }
 
@@ -486,6 +515,19 @@ impl Llama {
     /// Names of the scheduler's backends, in its order (the tracks of a trace).
     pub fn backend_names(&self) -> Vec<String> {
         self.sched.backend_names()
+    }
+
+    /// Every weight's name in the file with the name of the buffer type it lives in
+    /// (`"CPU_Mapped"`: in place in the file; `"CPU_REPACK"`: copied into the CPU's repacked
+    /// layout; a device's buffer type when offloaded), in file order of the model's tensors.
+    pub fn weight_buffer_types(&self) -> Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for (id, name) in self.weights.all() {
+            let buf = backend_core::tensor_buffer(&self.ctx, id)?
+                .ok_or_else(|| LlmError::Backend(format!("weight {name} has no buffer")))?;
+            out.push((name.to_owned(), buf.buffer_type().name().to_owned()));
+        }
+        Ok(out)
     }
 
     /// Splits of the last planned graph.

@@ -6,7 +6,10 @@
 //! each weight's buffer — the memory-mapped file on the CPU, or a device buffer for offloaded
 //! blocks — and runs the ops that use it on the backend that owns it.
 
-use backend_core::{Buffer, BufferType, BufferUsage, Device, HostMemory, tensor_alloc, tensor_set};
+use backend_core::{
+    Buffer, BufferType, BufferUsage, Device, HostMemory, WeightBufferTypes, tensor_alloc,
+    tensor_set,
+};
 use graph::{Context, ElementType, TensorId};
 
 use crate::error::{LlmError, Result};
@@ -214,6 +217,67 @@ impl LlamaWeights {
             ))
         })?;
         Ok(blocks.iter().flat_map(LayerWeights::all).collect())
+    }
+
+    /// For every weight not in `except`, the first of `extra`'s buffer types in which its
+    /// device computes every op of a step that reads it (a matrix: a product with a column;
+    /// the token embeddings: the row lookup, and the output product when tied; a norm scale:
+    /// the scaling), the way llama.cpp places weights in a device's extra buffer types.
+    /// Weights without one are left out (they stay in the mapped file). A tied embedding
+    /// matrix needs the lookup, which no repacked layout serves, so it stays mapped (llama.cpp
+    /// loads a second, repacked copy for the output product instead).
+    pub fn select_extra_buffer_types(
+        &self,
+        ctx: &mut Context,
+        extra: &WeightBufferTypes,
+        except: &[TensorId],
+    ) -> Result<Vec<(TensorId, BufferType)>> {
+        if extra.types().next().is_none() {
+            return Ok(Vec::new());
+        }
+        let cp = ctx.checkpoint();
+        let res = self.select_in(ctx, extra, except);
+        ctx.rewind(cp);
+        res
+    }
+
+    fn select_in(
+        &self,
+        ctx: &mut Context,
+        extra: &WeightBufferTypes,
+        except: &[TensorId],
+    ) -> Result<Vec<(TensorId, BufferType)>> {
+        let mut out = Vec::new();
+        for (id, _) in self.all() {
+            if except.contains(&id) {
+                continue;
+            }
+            let (ty, ne) = (ctx.get(id)?.ty(), ctx.get(id)?.ne());
+            let mut uses = Vec::new();
+            if ne[1] == 1 {
+                let x = ctx.new_tensor_1d(ElementType::F32, ne[0])?;
+                uses.push(ctx.mul(x, id)?);
+            } else {
+                let x = ctx.new_tensor_2d(ElementType::F32, ne[0], 1)?;
+                if id == self.tok_embd {
+                    let rows = ctx.new_tensor_1d(ElementType::I32, 1)?;
+                    uses.push(ctx.get_rows(id, rows)?);
+                }
+                if id != self.tok_embd || self.is_tied() {
+                    uses.push(ctx.mul_mat(id, x)?);
+                }
+            }
+            if let Some(buft) = extra.select(ctx, id, &uses)? {
+                tracing::debug!(
+                    tensor = ctx.get(id)?.name(),
+                    ty = ty.name(),
+                    buffer_type = buft.name(),
+                    "weight placed in an extra buffer type"
+                );
+                out.push((id, buft));
+            }
+        }
+        Ok(out)
     }
 
     /// A buffer over the file's whole data section on `device` (the CPU), usage weights.

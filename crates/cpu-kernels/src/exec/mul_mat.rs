@@ -10,7 +10,8 @@ use super::*;
 const _: () = assert!(hdot::F16_ROWS == F32_ROWS);
 
 impl Exec<'_> {
-    /// `packed`: `a` is q4_0 in the interleaved layout of `repack` (groups of 16 rows).
+    /// `packed`: `a` is q4_0 or q4_1 in the interleaved layout of `repack` (groups of 16
+    /// rows).
     pub(super) fn mul_mat(
         &mut self,
         dst: &TView,
@@ -348,7 +349,7 @@ impl Exec<'_> {
         res
     }
 
-    /// The dot path over q4_0 weights in the repacked layout (`repack`): a unit is one group
+    /// The dot path over q4_0 or q4_1 weights in the repacked layout (`repack`): a unit is one group
     /// of `GROUP_ROWS` rows (= `MM_ROWS`) against all columns. (Units of a group against a
     /// chunk of columns that stays in L2, chunks outermost, measured no faster at 512
     /// columns.)
@@ -362,6 +363,7 @@ impl Exec<'_> {
         isa: quant::Isa,
     ) -> Result<(), BackendError> {
         let (m, k) = (a.ne[1], a.ne[0]);
+        let q4_1 = a.ty == ElementType::Q4_1;
         let mblocks = m.div_ceil(MM_ROWS);
         let (chunk, n_chunks) = (cols.nn, 1);
         let n_mats = dst.ne[2] * dst.ne[3] / cols.bh;
@@ -380,10 +382,15 @@ impl Exec<'_> {
                     let out = grow(&mut ts.c, nr * js.len());
                     // One group of the repacked layout (the row count is a multiple of it).
                     let group = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
-                    mul_mat_group_q4_0(isa, group, js.len(), nr, out, |j| {
+                    let col = |j: usize| {
                         let c = batch0 * cols.n + js.start + j;
                         &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
-                    });
+                    };
+                    if q4_1 {
+                        mul_mat_group_q4_1(isa, group, js.len(), nr, out, col);
+                    } else {
+                        mul_mat_group_q4_0(isa, group, js.len(), nr, out, col);
+                    }
                     for (o, jj) in out.chunks_exact(nr).zip(js) {
                         let (h, j) = (jj / cols.n, jj % cols.n);
                         dst.store_f32(rows.start, j, i2_0 + h, i3, o);
@@ -526,6 +533,38 @@ fn mul_mat_group_q4_0<'c>(
             put(j + c, d);
         }
         j += Q4_COLS;
+    }
+    for j in j..n {
+        let [d] = dot_group(isa, group, [col(j)]);
+        put(j, &d);
+    }
+}
+
+/// Columns per call of the repacked q4_1 kernel (eight accumulators and one of minimums per
+/// column: two columns fill most of AVX-512's 32 registers).
+const Q4_1_REPACK_COLS: usize = 2;
+
+/// One group of `GROUP_ROWS` repacked q4_1 rows against the `n` columns `col(0..n)`
+/// (`qdot`-packed), [`Q4_1_REPACK_COLS`] at a time, into `out[j · nr ..]` per column `j`.
+fn mul_mat_group_q4_1<'c>(
+    isa: quant::Isa,
+    group: &[u8],
+    n: usize,
+    nr: usize,
+    out: &mut [f32],
+    col: impl Fn(usize) -> &'c [u8],
+) {
+    use crate::repack::{GROUP_ROWS, q4_1::dot_group};
+    let mut put = |j: usize, d: &[f32; GROUP_ROWS]| {
+        out[j * nr..(j + 1) * nr].copy_from_slice(&d[..nr]);
+    };
+    let mut j = 0;
+    while j + Q4_1_REPACK_COLS <= n {
+        let d = dot_group::<Q4_1_REPACK_COLS>(isa, group, std::array::from_fn(|c| col(j + c)));
+        for (c, d) in d.iter().enumerate() {
+            put(j + c, d);
+        }
+        j += Q4_1_REPACK_COLS;
     }
     for j in j..n {
         let [d] = dot_group(isa, group, [col(j)]);

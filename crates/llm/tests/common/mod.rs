@@ -279,6 +279,87 @@ impl Synthetic {
     }
 }
 
+impl Synthetic {
+    /// The same model with every matrix but the token embeddings stored as `ty` (q4_0, q4_1
+    /// or q8_0, quantized here from the F32 values by the formats' definitions; `values` keep
+    /// the F32 originals, so the naive reference no longer applies).
+    pub fn quantized(&self, ty: ElementType) -> Self {
+        let mut data = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for (name, t) in &self.tensors {
+            let v = &self.values[name];
+            let matrix = t.ne[1] > 1 && name != "token_embd.weight";
+            let (ty, bytes) = if matrix {
+                (ty, quantize(ty, v))
+            } else {
+                (t.ty, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            };
+            let offset = data.len();
+            let size = bytes.len();
+            data.extend(bytes);
+            while data.len() % 32 != 0 {
+                data.push(0);
+            }
+            tensors.insert(
+                name.clone(),
+                TensorEntry {
+                    ty,
+                    ne: t.ne,
+                    offset,
+                    size,
+                },
+            );
+        }
+        Synthetic {
+            tensors,
+            data: Arc::new(data),
+            ..self.clone()
+        }
+    }
+}
+
+/// `v` in blocks of 32 as `ty`: q4_0 (f16 scale `d = max / -8` of the value largest in
+/// magnitude, nibbles `x / d + 8`), q4_1 (f16 `d = (max - min) / 15` and min, nibbles
+/// `(x - min) / d`), q8_0 (f16 `d = amax / 127`, bytes `x / d`).
+fn quantize(ty: ElementType, v: &[f32]) -> Vec<u8> {
+    let h = |x: f32| half::f16::from_f32(x).to_le_bytes();
+    let mut out = Vec::new();
+    for b in v.chunks(32) {
+        match ty {
+            ElementType::Q4_0 => {
+                let m = b
+                    .iter()
+                    .copied()
+                    .fold(0f32, |m, x| if x.abs() > m.abs() { x } else { m });
+                let d = m / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(h(d));
+                let q = |x: f32| ((x * id + 8.5) as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|j| q(b[j]) | q(b[j + 16]) << 4));
+            }
+            ElementType::Q4_1 => {
+                let lo = b.iter().copied().fold(f32::INFINITY, f32::min);
+                let hi = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (hi - lo) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(h(d));
+                out.extend(h(lo));
+                let q = |x: f32| (((x - lo) * id + 0.5) as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|j| q(b[j]) | q(b[j + 16]) << 4));
+            }
+            ElementType::Q8_0 => {
+                let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(h(d));
+                out.extend(b.iter().map(|&x| (x * id).round() as i8 as u8));
+            }
+            other => panic!("quantize: {other:?} is not a block type this helper writes"),
+        }
+    }
+    out
+}
+
 /// The largest absolute difference.
 pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
