@@ -257,7 +257,7 @@ fn llama_decode(shapes: &[(i64, i64)], repack: bool) -> ((Setup, backend_core::B
         wbuf.clear(0x3c).unwrap();
         wbuf
     } else {
-        host_buffer(0)
+        backend_cpu::cpu_buffer_type().alloc_buffer(0).unwrap()
     };
     let buf = alloc(&mut ctx, &ids);
     ((Setup { ctx, g, _buf: buf }, wbuf), weight_bytes)
