@@ -15,7 +15,8 @@
 //! aligned, as the CPU backend allocates) and `f32_4096x4096_x1_host` in the crate's test
 //! host buffer (16 bytes past a cache line, where the f32 kernel is mostly a little slower); `f16_8192x4096_x1` (64 MiB),
 //! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
-//! (72 MiB). `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
+//! (72 MiB), and the last two again as `_repack` with the weights in the CPU's `CPU_REPACK`
+//! buffer type (the layout a model's q4_0/q4_1 weights load into). `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
 //! `BENCH_THREADS=N`: threads of the products; with 1 the read is one thread's too (the
 //! per-core streaming efficiency, which a loaded machine disturbs less). Results go to
 //! stdout as a table.
@@ -39,9 +40,19 @@ struct Case {
     _bufs: Vec<backend_core::Buffer>,
 }
 
-/// `y = W·x` with `W` of `ty`, `k` × `m`, in a CPU buffer (64-byte aligned), or with
-/// `unaligned` in the crate's test host buffer (a `Vec<u64>`: 16 mod 64 from glibc).
-fn case(name: &str, ty: ElementType, k: i64, m: i64, unaligned: bool) -> Case {
+/// Where a case's weights live.
+#[derive(Copy, Clone)]
+enum Weights {
+    /// The CPU buffer type (64-byte aligned).
+    Cpu,
+    /// The crate's test host buffer (a `Vec<u64>`: 16 mod 64 from glibc).
+    Host,
+    /// The CPU's `CPU_REPACK` buffer type (q4_0 and q4_1: sixteen rows interleaved).
+    Repack,
+}
+
+/// `y = W·x` with `W` of `ty`, `k` × `m`, placed as `weights` says.
+fn case(name: &str, ty: ElementType, k: i64, m: i64, weights: Weights) -> Case {
     let mut ctx = Context::new();
     let w = ctx.new_tensor_2d(ty, k, m).unwrap();
     let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
@@ -50,12 +61,15 @@ fn case(name: &str, ty: ElementType, k: i64, m: i64, unaligned: bool) -> Case {
     g.build_forward_expand(&mut ctx, y).unwrap();
     let bytes = ctx[w].nbytes();
     let buft = backend_cpu::cpu_buffer_type();
-    let wbuf = if unaligned {
-        cpu_kernels::doc_support::host_buffer(bytes)
-    } else {
-        buft.alloc_buffer(bytes).unwrap()
+    let wbuf = match weights {
+        Weights::Cpu => buft.alloc_buffer(bytes).unwrap(),
+        Weights::Host => cpu_kernels::doc_support::host_buffer(bytes),
+        Weights::Repack => backend_cpu::cpu_repack_buffer_type()
+            .alloc_buffer(bytes)
+            .unwrap(),
     };
-    // Small finite values everywhere (0x3c3c is 1.06 as f16, 0x3c3c3c3c 0.011 as f32).
+    // Small finite values everywhere (0x3c3c is 1.06 as f16, 0x3c3c3c3c 0.011 as f32); one
+    // byte value everywhere is the same in the repacked layout.
     wbuf.clear(0x3c).unwrap();
     backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
     let xbytes = ctx[x].nbytes().next_multiple_of(64);
@@ -106,17 +120,67 @@ fn main() {
     let cpu = CpuCompute::new(threads);
     let read = ReadBaseline::new(64 << 20);
     let all = [
-        ("f32_4096x4096_x1", ElementType::F32, 4096, 4096, false),
-        ("f32_4096x4096_x1_host", ElementType::F32, 4096, 4096, true),
-        ("f16_8192x4096_x1", ElementType::F16, 8192, 4096, false),
-        ("q8_0_8192x8192_x1", ElementType::Q8_0, 8192, 8192, false),
-        ("q4_1_8192x16384_x1", ElementType::Q4_1, 8192, 16384, false),
-        ("q4_0_8192x16384_x1", ElementType::Q4_0, 8192, 16384, false),
+        (
+            "f32_4096x4096_x1",
+            ElementType::F32,
+            4096,
+            4096,
+            Weights::Cpu,
+        ),
+        (
+            "f32_4096x4096_x1_host",
+            ElementType::F32,
+            4096,
+            4096,
+            Weights::Host,
+        ),
+        (
+            "f16_8192x4096_x1",
+            ElementType::F16,
+            8192,
+            4096,
+            Weights::Cpu,
+        ),
+        (
+            "q8_0_8192x8192_x1",
+            ElementType::Q8_0,
+            8192,
+            8192,
+            Weights::Cpu,
+        ),
+        (
+            "q4_1_8192x16384_x1",
+            ElementType::Q4_1,
+            8192,
+            16384,
+            Weights::Cpu,
+        ),
+        (
+            "q4_1_8192x16384_x1_repack",
+            ElementType::Q4_1,
+            8192,
+            16384,
+            Weights::Repack,
+        ),
+        (
+            "q4_0_8192x16384_x1",
+            ElementType::Q4_0,
+            8192,
+            16384,
+            Weights::Cpu,
+        ),
+        (
+            "q4_0_8192x16384_x1_repack",
+            ElementType::Q4_0,
+            8192,
+            16384,
+            Weights::Repack,
+        ),
     ];
     let cases: Vec<Case> = all
         .iter()
         .filter(|c| keep(c.0))
-        .map(|&(name, ty, k, m, off)| case(name, ty, k, m, off))
+        .map(|&(name, ty, k, m, weights)| case(name, ty, k, m, weights))
         .collect();
     // Warm up: page faults, scratch growth, the pool's threads.
     for _ in 0..2 {
