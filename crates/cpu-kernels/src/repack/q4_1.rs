@@ -100,8 +100,8 @@ mod x86 {
 
     /// How far ahead of the block being computed the group is prefetched, in bytes.
     /// Far enough for weights streamed from memory: with 4 block indices, a group larger than
-    /// L3 (8192 × 16384, one thread, `benches/matvec.rs`) ran its
-    /// fastest calls at 0.60–0.67 of the read ceiling, with 24 at 0.90–1.05 (noisy machine); in cache it cost at most 2 %.
+    /// L3 (8192 × 16384, one thread, `benches/matvec.rs`) ran its fastest calls at 0.60–0.67 of
+    /// the read ceiling, with 24 at 0.90–1.05 (noisy machine); in cache it cost at most 2 %.
     const PREFETCH: usize = 24 * GROUP_BLOCK_BYTES;
 
     /// Pointers to the parts of a packed column (`qdot::quantize_col`): quants, scales, sums.
