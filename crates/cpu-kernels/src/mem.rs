@@ -627,11 +627,6 @@ impl MatF32 {
         })
     }
 
-    /// Floats from one line to the next.
-    pub fn line_stride(&self) -> usize {
-        self.s1
-    }
-
     /// The address of elements `r` of line `i1`, when they are adjacent in memory
     /// (`s0 == 1`): for a kernel that reads and writes its destination in place (which is
     /// `unsafe` there, under the same contract as [`MatF32::store_line`]).

@@ -21,7 +21,11 @@
 //!   loads, eight broadcasts and 24 FMAs. It loads the partial sums of a whole tile straight
 //!   from the destination and stores them back there (a short or strided tile goes through
 //!   a scratch tile): with `k = 4096` every tile is loaded and stored once per inner block,
-//!   and the copies through a scratch tile cost 0.79 against 0.75 of the FMA peak.
+//!   and the copies through a scratch tile cost about 5 % there.
+//!
+//! Not done, measured: prefetching the next column panel into L2 from the micro-kernel. It
+//! measured faster on MiniLM's products alone and slower on 4096³ (columns 16 KiB apart crowd
+//! into a few cache sets), and MiniLM as a whole ran 5–8 % slower with it.
 //!
 //! **Every result element is one chain of fused multiply-adds over the inner dimension in
 //! order**, `c = fma(a[0], b[0], 0)`, `c = fma(a[1], b[1], c)`, …: a block after the first
@@ -207,11 +211,6 @@ pub(crate) unsafe fn gemm_unit(
     }
     let mp = m.div_ceil(MR);
     let direct = b.line(cols.start, 0..k).is_some();
-    // Prefetching the next column panel measured 4-6 % faster on MiniLM's shapes, but 3-7 %
-    // slower on 4096³: there the columns lie 16 KiB apart, so their cache lines crowd into a
-    // few sets of L1 and L2 and the prefetched ones evict the weights' block. So only when
-    // the column stride is not a multiple of 4 KiB.
-    let prefetch = direct && !b.line_stride().is_multiple_of(1024);
     let step = kc_for(k);
     let mc = mc_for(step);
     let mut tile = [[0.0f32; MR]; NR];
@@ -234,22 +233,6 @@ pub(crate) unsafe fn gemm_unit(
                     let x = &*x;
                     std::array::from_fn(|t| &x[t * kc..(t + 1) * kc])
                 };
-                // The column panel after this one (the first of the next L2 block after the
-                // last), which the micro-kernel asks L2 for while it works on this one.
-                let nj = if j0 + NR < cols.end {
-                    j0 + NR
-                } else {
-                    cols.start
-                };
-                let nn = NR.min(cols.end - nj);
-                let pf: [*const f32; NR] = if prefetch {
-                    std::array::from_fn(|t| {
-                        b.line(nj + t.min(nn - 1), pc..pc + kc)
-                            .map_or(std::ptr::null(), <[f32]>::as_ptr)
-                    })
-                } else {
-                    [std::ptr::null(); NR]
-                };
                 for i0 in (ic..ie).step_by(MR) {
                     let mr = MR.min(ie - i0);
                     let p = i0 / MR;
@@ -267,7 +250,7 @@ pub(crate) unsafe fn gemm_unit(
                         // which the caller's unit owns (the function's contract); each pointer
                         // addresses MR adjacent floats of its own column (`line_ptr`), and
                         // `dst` does not overlap `b` (contract) or the packed weights.
-                        unsafe { micro(kernel, kc, aq, bq, Out::Dst(cp), pc > 0, pf) };
+                        unsafe { micro(kernel, kc, aq, bq, Out::Dst(cp), pc > 0) };
                         continue;
                     }
                     if pc > 0 {
@@ -276,7 +259,7 @@ pub(crate) unsafe fn gemm_unit(
                         }
                     }
                     // SAFETY: `Out::Tile` is our scratch (no pointer contract).
-                    unsafe { micro(kernel, kc, aq, bq, Out::Tile(&mut tile), pc > 0, pf) };
+                    unsafe { micro(kernel, kc, aq, bq, Out::Tile(&mut tile), pc > 0) };
                     for (j, t) in tile.iter().enumerate().take(nr) {
                         // SAFETY: (i0.., j0 + j) lies in rows × cols, which the caller's unit
                         // owns (the function's contract).
@@ -385,8 +368,7 @@ enum Out<'t> {
 }
 
 /// One `MR × NR` tile: `out[j][i] = fma chain over kk of a[kk·MR + i] · b[j][kk]`, starting
-/// from `out` when `accumulate`, else from zero. `pf`: the [`NR`] columns of `kc` floats of
-/// the next column panel, which the AVX-512 kernel asks L2 for, or nulls.
+/// from `out` when `accumulate`, else from zero.
 ///
 /// # Safety
 /// With [`Out::Dst`], each pointer addresses [`MR`] floats that the caller may read and write
@@ -399,7 +381,6 @@ unsafe fn micro(
     b: [&[f32]; NR],
     out: Out<'_>,
     accumulate: bool,
-    pf: [*const f32; NR],
 ) {
     assert!(
         a.len() >= kc * MR && b.iter().all(|c| c.len() >= kc),
@@ -415,29 +396,25 @@ unsafe fn micro(
             // SAFETY: `Kernel::Avx512` is only made when the CPU has AVX-512 F; the panels
             // hold `kc` steps (asserted above); each `c[j]` addresses MR floats of a tile row
             // or, by this function's contract, of the destination.
-            unsafe { x86::micro_avx512(kc, a, b, c, accumulate, pf) }
+            unsafe { x86::micro_avx512(kc, a, b, c, accumulate) }
         }
-        Kernel::Portable => {
-            // The portable kernel has no use for the prefetch addresses.
-            let _ = pf;
-            match out {
-                Out::Tile(t) => micro_portable(kc, a, b, t, accumulate),
-                Out::Dst(c) => {
-                    let mut t = [[0.0f32; MR]; NR];
-                    if accumulate {
-                        for (r, &p) in t.iter_mut().zip(&c) {
-                            // SAFETY: `p` addresses MR floats we may read (the contract).
-                            unsafe { std::ptr::copy_nonoverlapping(p, r.as_mut_ptr(), MR) };
-                        }
-                    }
-                    micro_portable(kc, a, b, &mut t, accumulate);
-                    for (r, &p) in t.iter().zip(&c) {
-                        // SAFETY: `p` addresses MR floats we may write (the contract).
-                        unsafe { std::ptr::copy_nonoverlapping(r.as_ptr(), p, MR) };
+        Kernel::Portable => match out {
+            Out::Tile(t) => micro_portable(kc, a, b, t, accumulate),
+            Out::Dst(c) => {
+                let mut t = [[0.0f32; MR]; NR];
+                if accumulate {
+                    for (r, &p) in t.iter_mut().zip(&c) {
+                        // SAFETY: `p` addresses MR floats we may read (the contract).
+                        unsafe { std::ptr::copy_nonoverlapping(p, r.as_mut_ptr(), MR) };
                     }
                 }
+                micro_portable(kc, a, b, &mut t, accumulate);
+                for (r, &p) in t.iter().zip(&c) {
+                    // SAFETY: `p` addresses MR floats we may write (the contract).
+                    unsafe { std::ptr::copy_nonoverlapping(r.as_ptr(), p, MR) };
+                }
             }
-        }
+        },
     }
 }
 
@@ -468,9 +445,7 @@ mod x86 {
     use super::{MR, NR};
 
     /// [`super::micro_portable`] with 24 zmm accumulators, read from and written to the
-    /// [`NR`] columns `c`; every second step prefetches one cache line of the `kc`-float
-    /// columns at `pf` into L2 (none when `pf[0]` is null), so the next column panel is there
-    /// when its turn comes instead of arriving line by line from L3 or memory.
+    /// [`NR`] columns `c`.
     ///
     /// # Safety
     /// The CPU must have AVX-512 F; `a` holds at least `kc · MR` floats and each column of
@@ -482,7 +457,6 @@ mod x86 {
         b: [&[f32]; NR],
         c: [*mut f32; NR],
         accumulate: bool,
-        pf: [*const f32; NR],
     ) {
         let mut acc = [[_mm512_setzero_ps(); 3]; NR];
         if accumulate {
@@ -495,15 +469,7 @@ mod x86 {
         }
         let ap = a.as_ptr();
         let bp: [*const f32; NR] = b.map(<[f32]>::as_ptr);
-        let prefetch = !pf[0].is_null();
         for kk in 0..kc {
-            if prefetch && kk % 2 == 0 {
-                // Column (kk / 2) mod NR, line kk / 16: over the kc steps, each of the kc / 16
-                // lines of every column once. A prefetch does not fault, and the address
-                // stays inside the column (kk < kc).
-                let p = pf[(kk >> 1) % NR].wrapping_add((kk >> 4) << 4);
-                _mm_prefetch::<_MM_HINT_T1>(p.cast());
-            }
             // SAFETY: kk < kc, so the reads stay inside a[..kc·MR] and each b[j][..kc] (the
             // caller's contract).
             unsafe {
