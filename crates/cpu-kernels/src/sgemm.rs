@@ -23,9 +23,11 @@
 //!   a scratch tile): with `k = 4096` every tile is loaded and stored once per inner block,
 //!   and the copies through a scratch tile cost about 5 % there.
 //!
-//! Not done, measured: prefetching the next column panel into L2 from the micro-kernel. It
-//! measured faster on MiniLM's products alone and slower on 4096³ (columns 16 KiB apart crowd
-//! into a few cache sets), and MiniLM as a whole ran 5–8 % slower with it.
+//! Not kept, measured: prefetching the next column panel into L2 from the micro-kernel (faster
+//! on MiniLM's products alone, slower on 4096³, where columns 16 KiB apart crowd into a few
+//! cache sets; MiniLM as a whole ran 5–8 % slower with it), and packing the weights 16 steps
+//! at a time with each cache line read and written once (64 MiB in 14 ms of CPU instead of
+//! 35–40, but MiniLM as a whole ran slower with it, beside the in-place tiles).
 //!
 //! **Every result element is one chain of fused multiply-adds over the inner dimension in
 //! order**, `c = fma(a[0], b[0], 0)`, `c = fma(a[1], b[1], c)`, …: a block after the first
@@ -303,57 +305,28 @@ fn load_line(m: &MatF32, i0: usize, i1: usize, out: &mut [f32]) {
 /// Pack lines `lines` of `m`, elements `ks`, into panels of `W` lines: panel `p` holds, for
 /// each `kk` of `ks` in order, the `W` elements `(ks.start + kk, lines.start + p·W + w)`;
 /// lines past `lines.end` are zeros.
-///
-/// The panel is written in blocks of 16 steps (`16 · W` floats, which stay in L1) while each
-/// of the `W` lines is read 16 elements (one cache line) at a time: both sides then touch each
-/// cache line once.
 fn pack<const W: usize>(m: &MatF32, lines: Range<usize>, ks: Range<usize>, out: &mut [f32]) {
-    const STEP: usize = 16;
     let kc = ks.len();
-    let mut line = vec![0.0f32; 0];
+    let mut line = [0.0f32; KC_MAX];
     for (p, panel) in out.chunks_exact_mut(W * kc).enumerate() {
-        let l0 = lines.start + p * W;
-        let direct: [Option<&[f32]>; W] = std::array::from_fn(|w| {
-            if l0 + w < lines.end {
-                m.line(l0 + w, ks.clone())
-            } else {
-                None
-            }
-        });
-        if direct
-            .iter()
-            .enumerate()
-            .any(|(w, d)| d.is_none() && l0 + w < lines.end)
-        {
-            // Strided lines: gather them into a dense copy first.
-            line.resize(W * kc, 0.0);
-            for (w, c) in line.chunks_exact_mut(kc).enumerate() {
-                if l0 + w < lines.end {
-                    for (kk, x) in c.iter_mut().enumerate() {
-                        *x = m.get(ks.start + kk, l0 + w);
+        for w in 0..W {
+            let l = lines.start + p * W + w;
+            let src: &[f32] = if l < lines.end {
+                match m.line(l, ks.clone()) {
+                    Some(s) => s,
+                    None => {
+                        for (kk, x) in line[..kc].iter_mut().enumerate() {
+                            *x = m.get(ks.start + kk, l);
+                        }
+                        &line[..kc]
                     }
-                } else {
-                    c.fill(0.0);
                 }
-            }
-            let rows: [&[f32]; W] = std::array::from_fn(|w| &line[w * kc..(w + 1) * kc]);
-            pack_rows(&rows, kc, panel, STEP);
-        } else {
-            let zeros = [0.0f32; KC_MAX];
-            let rows: [&[f32]; W] = std::array::from_fn(|w| direct[w].unwrap_or(&zeros[..kc]));
-            pack_rows(&rows, kc, panel, STEP);
-        }
-    }
-}
-
-/// `panel[kk · W + w] = rows[w][kk]` for `kk < kc`, in blocks of `step` steps.
-fn pack_rows<const W: usize>(rows: &[&[f32]; W], kc: usize, panel: &mut [f32], step: usize) {
-    for k0 in (0..kc).step_by(step) {
-        let k1 = (k0 + step).min(kc);
-        let block = &mut panel[k0 * W..k1 * W];
-        for (w, row) in rows.iter().enumerate() {
-            for (kk, &x) in row[k0..k1].iter().enumerate() {
-                block[kk * W + w] = x;
+            } else {
+                line[..kc].fill(0.0);
+                &line[..kc]
+            };
+            for (kk, &x) in src.iter().enumerate() {
+                panel[kk * W + w] = x;
             }
         }
     }
