@@ -627,6 +627,17 @@ impl MatF32 {
         })
     }
 
+    /// The address of elements `r` of line `i1`, when they are adjacent in memory
+    /// (`s0 == 1`): for a kernel that reads and writes its destination in place (which is
+    /// `unsafe` there, under the same contract as [`MatF32::store_line`]).
+    pub fn line_ptr(&self, i1: usize, r: std::ops::Range<usize>) -> Option<*mut f32> {
+        assert!(
+            i1 < self.n1 && r.start <= r.end && r.end <= self.n0,
+            "matrix line out of range (a kernel bug)"
+        );
+        (self.s0 == 1).then(|| self.ptr.cast::<f32>().wrapping_add(i1 * self.s1 + r.start))
+    }
+
     /// Element `(i0, i1)`.
     pub fn get(&self, i0: usize, i1: usize) -> f32 {
         assert!(

@@ -9,14 +9,25 @@
 //!
 //! * The result is cut into units of whole row ranges × column ranges ([`Grid`]); the
 //!   executor hands units to threads.
-//! * Inside a unit the inner dimension is cut into blocks of [`KC`]. For each block, the
-//!   unit's columns of `src1` are packed into panels of [`NR`] columns (`kc × NR` floats,
-//!   column index fastest), and then, [`MC`] rows at a time, the weights into panels of
-//!   [`MR`] rows (`kc × MR`, row index fastest); short panels are padded with zeros.
+//! * The weights are packed once per op (see `exec`): for each block of the inner dimension
+//!   ([`kc_for`]: the fewest blocks of at most [`KC_MAX`]), panels of [`MR`] rows (`kc × MR`
+//!   floats, row index fastest, short panels padded with zeros).
+//! * Inside a unit, for each inner block and each [`mc_for`] rows of weights (an L2 block of
+//!   576 KiB), the unit's columns of `src1` are taken [`NR`] at a time, read in place when a
+//!   column's elements are adjacent (else copied into a panel), and multiplied by each weight
+//!   panel of the L2 block.
 //! * The micro-kernel multiplies one weight panel by one column panel into `MR × NR`
 //!   accumulators (24 vectors of 16 lanes): per step of the inner dimension three vector
-//!   loads, eight broadcasts and 24 FMAs. A column panel (12 KiB at `kc = 384`) stays in L1
-//!   while the unit's weight panels (`MC × KC`, 576 KiB) stream from L2 past it.
+//!   loads, eight broadcasts and 24 FMAs. It loads the partial sums of a whole tile straight
+//!   from the destination and stores them back there (a short or strided tile goes through
+//!   a scratch tile): with `k = 4096` every tile is loaded and stored once per inner block,
+//!   and the copies through a scratch tile cost about 5 % there.
+//!
+//! Not kept, measured: prefetching the next column panel into L2 from the micro-kernel (faster
+//! on MiniLM's products alone, slower on 4096³, where columns 16 KiB apart crowd into a few
+//! cache sets; MiniLM as a whole ran 5–8 % slower with it), and packing the weights 16 steps
+//! at a time with each cache line read and written once (64 MiB in 14 ms of CPU instead of
+//! 35–40, but MiniLM as a whole ran slower with it, beside the in-place tiles).
 //!
 //! **Every result element is one chain of fused multiply-adds over the inner dimension in
 //! order**, `c = fma(a[0], b[0], 0)`, `c = fma(a[1], b[1], c)`, …: a block after the first
@@ -33,10 +44,12 @@ use crate::mem::MatF32;
 pub(crate) const MR: usize = 48;
 /// Columns of a `src1` panel.
 pub(crate) const NR: usize = 8;
-/// Inner-dimension block: one column panel (`KC × NR` floats) fits in L1 with room to spare.
-const KC: usize = 384;
-/// Rows of the weights packed at once: `MC × KC` floats (576 KiB) stay in L2.
-const MC: usize = 384;
+/// Longest inner-dimension block. Longer blocks mean fewer passes over the result (each
+/// block after the first reloads and stores every result tile once); 768 measured faster than
+/// 384 on 4096³ (0.81 against 0.79 of the FMA peak per busy CPU-second, 2 threads).
+const KC_MAX: usize = 768;
+/// Floats of the weights' block that the micro-kernel streams from L2 (`mc × kc`, 576 KiB).
+const A_BLOCK: usize = 384 * 384;
 /// Columns per unit aimed for when there are enough: the weights are packed once per unit,
 /// which costs about one FMA step per 256 columns of work.
 const MIN_UNIT_COLS: usize = 256;
@@ -119,6 +132,19 @@ impl Grid {
     }
 }
 
+/// The inner-dimension block for inner dimension `k`: `k` cut into the fewest blocks of at
+/// most [`KC_MAX`], of even length (rounded up to 16).
+fn kc_for(k: usize) -> usize {
+    let blocks = k.div_ceil(KC_MAX).max(1);
+    k.div_ceil(blocks).next_multiple_of(16).clamp(16, KC_MAX)
+}
+
+/// Rows of the weights in one L2 block for inner block `kc`: [`A_BLOCK`] floats, whole
+/// panels.
+fn mc_for(kc: usize) -> usize {
+    (A_BLOCK / kc.max(1) / MR).max(1) * MR
+}
+
 /// Floats of the packed weights of one `m`-row matrix with inner dimension `k` (see
 /// [`pack_a`]).
 pub(crate) fn packed_a_len(m: usize, k: usize) -> usize {
@@ -128,8 +154,9 @@ pub(crate) fn packed_a_len(m: usize, k: usize) -> usize {
 /// The panels of [`pack_a`]'s layout in order: rows and inner range of each. A matrix's
 /// packed weights are these regions of `MR · kc` floats one after the other.
 pub(crate) fn a_panels(m: usize, k: usize) -> impl Iterator<Item = (Range<usize>, Range<usize>)> {
-    (0..k).step_by(KC).flat_map(move |pc| {
-        let ks = pc..(pc + KC).min(k);
+    let kc = kc_for(k);
+    (0..k).step_by(kc).flat_map(move |pc| {
+        let ks = pc..(pc + kc).min(k);
         (0..m)
             .step_by(MR)
             .map(move |i0| (i0..(i0 + MR).min(m), ks.clone()))
@@ -137,7 +164,7 @@ pub(crate) fn a_panels(m: usize, k: usize) -> impl Iterator<Item = (Range<usize>
 }
 
 /// Pack the weights `a` (line `i` = row `i`, `k` long) into `out` ([`packed_a_len`]
-/// floats): for each inner block of [`KC`], for each panel of [`MR`] rows, `kc · MR` floats,
+/// floats): for each inner block of [`kc_for`], for each panel of [`MR`] rows, `kc · MR` floats,
 /// row index fastest. The regions of [`a_panels`] can be packed separately with
 /// [`pack_a_panel`].
 #[cfg_attr(not(test), allow(dead_code))]
@@ -186,12 +213,14 @@ pub(crate) unsafe fn gemm_unit(
     }
     let mp = m.div_ceil(MR);
     let direct = b.line(cols.start, 0..k).is_some();
+    let step = kc_for(k);
+    let mc = mc_for(step);
     let mut tile = [[0.0f32; MR]; NR];
-    for pc in (0..k).step_by(KC) {
-        let kc = KC.min(k - pc);
+    for pc in (0..k).step_by(step) {
+        let kc = step.min(k - pc);
         let block = &apacked[pc * mp * MR..(pc + kc) * mp * MR];
-        for ic in rows.clone().step_by(MC) {
-            let ie = (ic + MC).min(rows.end);
+        for ic in rows.clone().step_by(mc) {
+            let ie = (ic + mc).min(rows.end);
             for j0 in cols.clone().step_by(NR) {
                 let nr = NR.min(cols.end - j0);
                 // A short last panel repeats its last column and drops those results.
@@ -210,12 +239,29 @@ pub(crate) unsafe fn gemm_unit(
                     let mr = MR.min(ie - i0);
                     let p = i0 / MR;
                     let aq = &block[p * MR * kc..(p + 1) * MR * kc];
+                    // A whole tile of a destination with adjacent rows is read and written
+                    // in place; others go through `tile`.
+                    let cp: [Option<*mut f32>; NR] = if mr == MR && nr == NR {
+                        std::array::from_fn(|j| dst.line_ptr(j0 + j, i0..i0 + MR))
+                    } else {
+                        [None; NR]
+                    };
+                    if cp.iter().all(Option::is_some) {
+                        let cp = cp.map(Option::unwrap_or_default);
+                        // SAFETY: rows i0..i0 + MR of columns j0..j0 + NR lie in rows × cols,
+                        // which the caller's unit owns (the function's contract); each pointer
+                        // addresses MR adjacent floats of its own column (`line_ptr`), and
+                        // `dst` does not overlap `b` (contract) or the packed weights.
+                        unsafe { micro(kernel, kc, aq, bq, Out::Dst(cp), pc > 0) };
+                        continue;
+                    }
                     if pc > 0 {
                         for (j, t) in tile.iter_mut().enumerate().take(nr) {
                             load_line(dst, i0, j0 + j, &mut t[..mr]);
                         }
                     }
-                    micro(kernel, kc, aq, bq, &mut tile, pc > 0);
+                    // SAFETY: `Out::Tile` is our scratch (no pointer contract).
+                    unsafe { micro(kernel, kc, aq, bq, Out::Tile(&mut tile), pc > 0) };
                     for (j, t) in tile.iter().enumerate().take(nr) {
                         // SAFETY: (i0.., j0 + j) lies in rows × cols, which the caller's unit
                         // owns (the function's contract).
@@ -261,7 +307,7 @@ fn load_line(m: &MatF32, i0: usize, i1: usize, out: &mut [f32]) {
 /// lines past `lines.end` are zeros.
 fn pack<const W: usize>(m: &MatF32, lines: Range<usize>, ks: Range<usize>, out: &mut [f32]) {
     let kc = ks.len();
-    let mut line = [0.0f32; KC];
+    let mut line = [0.0f32; KC_MAX];
     for (p, panel) in out.chunks_exact_mut(W * kc).enumerate() {
         for w in 0..W {
             let l = lines.start + p * W + w;
@@ -286,14 +332,27 @@ fn pack<const W: usize>(m: &MatF32, lines: Range<usize>, ks: Range<usize>, out: 
     }
 }
 
-/// One `MR × NR` tile: `tile[j][i] = fma chain over kk of a[kk·MR + i] · b[kk·NR + j]`,
-/// starting from `tile` when `accumulate`, else from zero.
-fn micro(
+/// Where a tile's accumulators start from (when accumulating) and end up.
+enum Out<'t> {
+    /// A scratch tile (short tiles, strided destinations).
+    Tile(&'t mut [[f32; MR]; NR]),
+    /// [`NR`] destination columns of [`MR`] adjacent floats each, read and written in place.
+    Dst([*mut f32; NR]),
+}
+
+/// One `MR × NR` tile: `out[j][i] = fma chain over kk of a[kk·MR + i] · b[j][kk]`, starting
+/// from `out` when `accumulate`, else from zero.
+///
+/// # Safety
+/// With [`Out::Dst`], each pointer addresses [`MR`] floats that the caller may read and write
+/// and that no one else touches during the call; the columns do not overlap each other, `a`
+/// or `b`.
+unsafe fn micro(
     kernel: Kernel,
     kc: usize,
     a: &[f32],
     b: [&[f32]; NR],
-    tile: &mut [[f32; MR]; NR],
+    out: Out<'_>,
     accumulate: bool,
 ) {
     assert!(
@@ -302,10 +361,33 @@ fn micro(
     );
     match kernel {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: `Kernel::Avx512` is only made when the CPU has AVX-512 F; the panels hold
-        // `kc` steps (asserted above).
-        Kernel::Avx512 => unsafe { x86::micro_avx512(kc, a, b, tile, accumulate) },
-        Kernel::Portable => micro_portable(kc, a, b, tile, accumulate),
+        Kernel::Avx512 => {
+            let c = match out {
+                Out::Tile(t) => t.each_mut().map(|r| r.as_mut_ptr()),
+                Out::Dst(c) => c,
+            };
+            // SAFETY: `Kernel::Avx512` is only made when the CPU has AVX-512 F; the panels
+            // hold `kc` steps (asserted above); each `c[j]` addresses MR floats of a tile row
+            // or, by this function's contract, of the destination.
+            unsafe { x86::micro_avx512(kc, a, b, c, accumulate) }
+        }
+        Kernel::Portable => match out {
+            Out::Tile(t) => micro_portable(kc, a, b, t, accumulate),
+            Out::Dst(c) => {
+                let mut t = [[0.0f32; MR]; NR];
+                if accumulate {
+                    for (r, &p) in t.iter_mut().zip(&c) {
+                        // SAFETY: `p` addresses MR floats we may read (the contract).
+                        unsafe { std::ptr::copy_nonoverlapping(p, r.as_mut_ptr(), MR) };
+                    }
+                }
+                micro_portable(kc, a, b, &mut t, accumulate);
+                for (r, &p) in t.iter().zip(&c) {
+                    // SAFETY: `p` addresses MR floats we may write (the contract).
+                    unsafe { std::ptr::copy_nonoverlapping(r.as_ptr(), p, MR) };
+                }
+            }
+        },
     }
 }
 
@@ -335,25 +417,26 @@ mod x86 {
 
     use super::{MR, NR};
 
-    /// [`super::micro_portable`] with 24 zmm accumulators.
+    /// [`super::micro_portable`] with 24 zmm accumulators, read from and written to the
+    /// [`NR`] columns `c`.
     ///
     /// # Safety
     /// The CPU must have AVX-512 F; `a` holds at least `kc · MR` floats and each column of
-    /// `b` at least `kc`.
+    /// `b` at least `kc`; each `c[j]` addresses [`MR`] floats the caller may read and write.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn micro_avx512(
         kc: usize,
         a: &[f32],
         b: [&[f32]; NR],
-        tile: &mut [[f32; MR]; NR],
+        c: [*mut f32; NR],
         accumulate: bool,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 3]; NR];
         if accumulate {
-            for (c, t) in acc.iter_mut().zip(tile.iter()) {
-                for (v, h) in c.iter_mut().enumerate() {
-                    // SAFETY: lanes v·16 .. v·16 + 16 of a 48-float row.
-                    *h = unsafe { _mm512_loadu_ps(t.as_ptr().add(16 * v)) };
+            for (v, &p) in acc.iter_mut().zip(&c) {
+                for (h, x) in v.iter_mut().enumerate() {
+                    // SAFETY: lanes h·16 .. h·16 + 16 of the MR floats at `p` (the contract).
+                    *x = unsafe { _mm512_loadu_ps(p.add(16 * h)) };
                 }
             }
         }
@@ -367,18 +450,18 @@ mod x86 {
                 let a0 = _mm512_loadu_ps(pa);
                 let a1 = _mm512_loadu_ps(pa.add(16));
                 let a2 = _mm512_loadu_ps(pa.add(32));
-                for (c, pb) in acc.iter_mut().zip(bp) {
+                for (v, pb) in acc.iter_mut().zip(bp) {
                     let bj = _mm512_set1_ps(pb.add(kk).read());
-                    c[0] = _mm512_fmadd_ps(a0, bj, c[0]);
-                    c[1] = _mm512_fmadd_ps(a1, bj, c[1]);
-                    c[2] = _mm512_fmadd_ps(a2, bj, c[2]);
+                    v[0] = _mm512_fmadd_ps(a0, bj, v[0]);
+                    v[1] = _mm512_fmadd_ps(a1, bj, v[1]);
+                    v[2] = _mm512_fmadd_ps(a2, bj, v[2]);
                 }
             }
         }
-        for (c, t) in acc.iter().zip(tile.iter_mut()) {
-            for (v, h) in c.iter().enumerate() {
-                // SAFETY: lanes v·16 .. v·16 + 16 of a 48-float row.
-                unsafe { _mm512_storeu_ps(t.as_mut_ptr().add(16 * v), *h) };
+        for (v, &p) in acc.iter().zip(&c) {
+            for (h, x) in v.iter().enumerate() {
+                // SAFETY: lanes h·16 .. h·16 + 16 of the MR floats at `p` (the contract).
+                unsafe { _mm512_storeu_ps(p.add(16 * h), *x) };
             }
         }
     }
@@ -427,7 +510,13 @@ mod tests {
         let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
             &[(5, 50, 9)]
         } else {
-            &[(5, 50, 9), (384, 96, 16), (800, 130, 77), (37, 1, 1)]
+            &[
+                (5, 50, 9),
+                (384, 96, 16),
+                (800, 130, 77),
+                (1600, 96, 9),
+                (37, 1, 1),
+            ]
         };
         for &(k, m, n) in shapes {
             let mut s = (k * 1000 + m * 10 + n) as u64;
@@ -456,6 +545,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn inner_blocks_are_even_and_bounded() {
+        for k in [1, 15, 16, 384, 768, 769, 1536, 4096, 5000] {
+            let kc = kc_for(k);
+            let blocks = k.div_ceil(kc);
+            assert!(kc <= KC_MAX && kc.is_multiple_of(16), "k{k}: kc {kc}");
+            assert_eq!(blocks, k.div_ceil(KC_MAX), "k{k}: the fewest blocks");
+            // The last block is not much shorter than the others.
+            assert!(k - (blocks - 1) * kc + 16 * blocks >= kc, "k{k}: kc {kc}");
+            let mc = mc_for(kc);
+            assert!(
+                mc.is_multiple_of(MR) && mc * kc <= A_BLOCK.max(MR * kc),
+                "kc{kc}: mc {mc}"
+            );
+        }
+        assert_eq!((kc_for(384), mc_for(384)), (384, 384));
+        assert_eq!((kc_for(4096), mc_for(kc_for(4096))), (688, 192));
     }
 
     #[test]
