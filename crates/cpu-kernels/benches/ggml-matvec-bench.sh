@@ -16,8 +16,8 @@
 #   q4_0_4096x4096_x512 (the names of benches/kernels.rs's mul_mat group), and the three
 #   q4_0 shapes again as *_repack with the weights in ggml's CPU_REPACK buffer type (the
 #   interleaved layout and gemm kernels llama.cpp uses for q4_0 weights on this CPU), then
-#   q4_1_4096x4096_x{1,32,512} (ggml 0.25.3 has no q4_1 repacked layout on x86: its default
-#   path). GGML_MATVEC_ONLY=PREFIX runs only the cases whose name starts with PREFIX.
+#   q4_1_4096x4096_x{1,32,512} and q8_0_4096x4096_x{1,32,512} (ggml 0.25.3 has no q4_1 or
+#   q8_0 repacked layout on x86: its default path). GGML_MATVEC_ONLY=PREFIX runs only the cases whose name starts with PREFIX.
 #   With BENCH_LARGE set (as for the Rust bench) f32_4096x4096x4096 comes first (one call
 #   per round).
 #   Weights and inputs are filled with the byte 0x3c, as the Rust bench does.
@@ -98,6 +98,10 @@ int main(int argc, char ** argv) {
         {"q4_1_4096x4096_x1", GGML_TYPE_Q4_1, 4096, 4096, 1, false},
         {"q4_1_4096x4096_x32", GGML_TYPE_Q4_1, 4096, 4096, 32, false},
         {"q4_1_4096x4096_x512", GGML_TYPE_Q4_1, 4096, 4096, 512, false},
+        // Nor a q8_0 one: the default path again.
+        {"q8_0_4096x4096_x1", GGML_TYPE_Q8_0, 4096, 4096, 1, false},
+        {"q8_0_4096x4096_x32", GGML_TYPE_Q8_0, 4096, 4096, 32, false},
+        {"q8_0_4096x4096_x512", GGML_TYPE_Q8_0, 4096, 4096, 512, false},
     };
     ggml_backend_dev_t dev = ggml_backend_get_device(cpu);
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(

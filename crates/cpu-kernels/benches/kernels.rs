@@ -17,6 +17,10 @@
 //! same read in interleaved rounds). `benches/ggml-matvec-bench.sh` times ggml's CPU
 //! backend on the same shapes, to run back to back with this bench.
 //!
+//! The `q4_1_4096x4096_x{1,32,512}` and `q8_0_4096x4096_x{1,32,512}` rows are the types ggml
+//! 0.25.3 has no x86 repacked layout for: the driver's rows of the same names run its default
+//! path.
+//!
 //! The `q4_0_4096x4096_x{1,32,512}_repack` rows run the q4_0 shapes with the weights in the
 //! CPU device's `CPU_REPACK` buffer type (rows interleaved for the kernels,
 //! `cpu_kernels::repack`), the counterpart of the ggml driver's `*_repack` rows.
@@ -138,6 +142,9 @@ fn bench_mul_mat(c: &mut Criterion) {
         ("q4_1_4096x4096_x1", ElementType::Q4_1, 4096, 4096, 1),
         ("q4_1_4096x4096_x32", ElementType::Q4_1, 4096, 4096, 32),
         ("q4_1_4096x4096_x512", ElementType::Q4_1, 4096, 4096, 512),
+        ("q8_0_4096x4096_x1", ElementType::Q8_0, 4096, 4096, 1),
+        ("q8_0_4096x4096_x32", ElementType::Q8_0, 4096, 4096, 32),
+        ("q8_0_4096x4096_x512", ElementType::Q8_0, 4096, 4096, 512),
     ];
     if std::env::var_os("BENCH_LARGE").is_some() {
         cases.push(("f32_4096x4096x4096", ElementType::F32, 4096, 4096, 4096));
