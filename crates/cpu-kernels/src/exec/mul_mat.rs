@@ -387,9 +387,25 @@ impl Exec<'_> {
                         &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
                     };
                     if q4_1 {
-                        mul_mat_group_q4_1(isa, group, js.len(), nr, out, col);
+                        use crate::repack::q4_1::dot_group;
+                        mul_mat_group::<Q4_1_REPACK_COLS>(
+                            js.len(),
+                            nr,
+                            out,
+                            col,
+                            |c| dot_group(isa, group, c),
+                            |c| dot_group(isa, group, c),
+                        );
                     } else {
-                        mul_mat_group_q4_0(isa, group, js.len(), nr, out, col);
+                        use crate::repack::dot_group;
+                        mul_mat_group::<Q4_COLS>(
+                            js.len(),
+                            nr,
+                            out,
+                            col,
+                            |c| dot_group(isa, group, c),
+                            |c| dot_group(isa, group, c),
+                        );
                     }
                     for (o, jj) in out.chunks_exact(nr).zip(js) {
                         let (h, j) = (jj / cols.n, jj % cols.n);
@@ -512,62 +528,33 @@ struct PackedCols<'a> {
     bh: usize,
 }
 
-/// One group of `GROUP_ROWS` repacked q4_0 rows against the `n` columns `col(0..n)`,
-/// `Q4_COLS` at a time, into `out[j · nr ..]` per column `j`.
-fn mul_mat_group_q4_0<'c>(
-    isa: quant::Isa,
-    group: &[u8],
-    n: usize,
-    nr: usize,
-    out: &mut [f32],
-    col: impl Fn(usize) -> &'c [u8],
-) {
-    use crate::repack::{GROUP_ROWS, dot_group};
-    let mut put = |j: usize, d: &[f32; GROUP_ROWS]| {
-        out[j * nr..(j + 1) * nr].copy_from_slice(&d[..nr]);
-    };
-    let mut j = 0;
-    while j + Q4_COLS <= n {
-        let d = dot_group::<Q4_COLS>(isa, group, std::array::from_fn(|c| col(j + c)));
-        for (c, d) in d.iter().enumerate() {
-            put(j + c, d);
-        }
-        j += Q4_COLS;
-    }
-    for j in j..n {
-        let [d] = dot_group(isa, group, [col(j)]);
-        put(j, &d);
-    }
-}
-
 /// Columns per call of the repacked q4_1 kernel (eight accumulators and one of minimums per
 /// column: two columns fill most of AVX-512's 32 registers).
 const Q4_1_REPACK_COLS: usize = 2;
 
-/// One group of `GROUP_ROWS` repacked q4_1 rows against the `n` columns `col(0..n)`
-/// (`qdot`-packed), [`Q4_1_REPACK_COLS`] at a time, into `out[j · nr ..]` per column `j`.
-fn mul_mat_group_q4_1<'c>(
-    isa: quant::Isa,
-    group: &[u8],
+/// One group of `GROUP_ROWS` repacked rows against the `n` columns `col(0..n)`, `NC` at a
+/// time through `dot` and the rest one by one through `dot1`, into `out[j · nr ..]` per
+/// column `j`. (`dot` and `dot1` are the layout's kernel at `NC` columns and at one.)
+fn mul_mat_group<'c, const NC: usize>(
     n: usize,
     nr: usize,
     out: &mut [f32],
     col: impl Fn(usize) -> &'c [u8],
+    dot: impl Fn([&'c [u8]; NC]) -> [[f32; crate::repack::GROUP_ROWS]; NC],
+    dot1: impl Fn([&'c [u8]; 1]) -> [[f32; crate::repack::GROUP_ROWS]; 1],
 ) {
-    use crate::repack::{GROUP_ROWS, q4_1::dot_group};
-    let mut put = |j: usize, d: &[f32; GROUP_ROWS]| {
+    let mut put = |j: usize, d: &[f32]| {
         out[j * nr..(j + 1) * nr].copy_from_slice(&d[..nr]);
     };
     let mut j = 0;
-    while j + Q4_1_REPACK_COLS <= n {
-        let d = dot_group::<Q4_1_REPACK_COLS>(isa, group, std::array::from_fn(|c| col(j + c)));
-        for (c, d) in d.iter().enumerate() {
+    while j + NC <= n {
+        for (c, d) in dot(std::array::from_fn(|c| col(j + c))).iter().enumerate() {
             put(j + c, d);
         }
-        j += Q4_1_REPACK_COLS;
+        j += NC;
     }
     for j in j..n {
-        let [d] = dot_group(isa, group, [col(j)]);
+        let [d] = dot1([col(j)]);
         put(j, &d);
     }
 }
