@@ -130,7 +130,7 @@ pub(crate) fn quantize_col(x: &[f32], out: &mut [u8]) {
         "quantize_col: short output (a kernel bug)"
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if x86::available() {
+    if crate::quant::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C (just checked); `out` holds the packed
         // column (asserted above).
         return unsafe { x86::quantize_col_simd(x, out) };
@@ -280,7 +280,9 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
             std::array::from_fn(|_| std::array::from_fn(|i| d[i]))
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        crate::quant::Isa::Avx2 | crate::quant::Isa::Avx512 if x86::available() => {
+        crate::quant::Isa::Avx2 | crate::quant::Isa::Avx512
+            if crate::quant::has_avx2_fma_f16c() =>
+        {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked in the guard); every row holds
             // `nb` blocks of `kind` and every column is a packed column of `nb` blocks
             // (asserted above).
@@ -320,7 +322,7 @@ pub(crate) fn dot_tile(
     prefetch: usize,
 ) -> [[f32; TILE]; TILE] {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if isa == crate::quant::Isa::Avx512 && kind == WeightKind::Q4_1 && x86::has_vnni() {
+    if isa == crate::quant::Isa::Avx512 && kind == WeightKind::Q4_1 && crate::quant::has_avx512() {
         let nb = cols[0].len() / (QK + 8);
         assert!(
             cols.iter().all(|c| c.len() == nb * (QK + 8))
@@ -353,12 +355,6 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{Q4_1_BYTES, Q8_0_BYTES, QK};
-
-    pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
 
     /// Pointers to the three parts of a packed column of `nb` blocks.
     #[derive(Copy, Clone)]
@@ -533,14 +529,6 @@ mod x86 {
             let sf = _mm_cvtss_f32(_mm_movehdup_ps(f));
             ss[4 * b..4 * b + 4].copy_from_slice(&sf.to_le_bytes());
         }
-    }
-
-    pub(super) fn has_vnni() -> bool {
-        available()
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
     }
 
     /// Blocks whose column scales [`q4_1_tile_vnni`] lays out at a time: one 512-bit

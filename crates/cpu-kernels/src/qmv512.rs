@@ -30,17 +30,7 @@ pub(crate) const ROWS: usize = 8;
 /// every call, one call per eight rows).
 pub(crate) fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(detect)
-}
-
-fn detect() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512vnni")
+    *AVAILABLE.get_or_init(crate::quant::has_avx512)
 }
 
 /// ggml's `hsum_float_8` order over the eight lanes of one row.

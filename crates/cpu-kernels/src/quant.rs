@@ -383,17 +383,22 @@ pub(crate) fn dot_q4_0_q8_0_rows<const NC: usize>(
 /// accumulated in f32. For q4_0 the nibbles stay
 /// unsigned (0..16) and `8 · Σ q8` (precomputed per column block) is subtracted in integers;
 /// eight rows' block sums share one vector (see `q4_rows8_kernel`).
+/// The CPU checks behind [`Isa::best`], for the other kernel modules' dispatch: AVX2 with FMA
+/// and F16C, and that plus AVX-512 F/BW/VL/VNNI.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+pub(crate) use x86::{has_avx2_fma_f16c, has_avx512};
+
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86 {
     use std::arch::x86_64::*;
 
-    pub(super) fn has_avx2_fma_f16c() -> bool {
+    pub(crate) fn has_avx2_fma_f16c() -> bool {
         std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
     }
 
-    pub(super) fn has_avx512() -> bool {
+    pub(crate) fn has_avx512() -> bool {
         has_avx2_fma_f16c()
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")

@@ -407,13 +407,13 @@ pub(crate) fn dot_group<const NC: usize>(
     );
     match isa {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx512 if x86::has_avx512() => {
+        Isa::Avx512 if crate::quant::has_avx512() => {
             // SAFETY: the CPU has the features (checked in the guard); `group` holds `nb`
             // block indices and every column `nb` packed blocks (asserted above).
             unsafe { x86::dot_group_vnni(group, cols, nb) }
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx2 | Isa::Avx512 if x86::has_avx2() => {
+        Isa::Avx2 | Isa::Avx512 if crate::quant::has_avx2_fma_f16c() => {
             // SAFETY: the CPU has AVX2, FMA and F16C; lengths as above.
             unsafe { x86::dot_group_avx2(group, cols, nb) }
         }
@@ -454,20 +454,6 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{GROUP_BLOCK_BYTES, GROUP_ROWS, QK};
-
-    pub(super) fn has_avx2() -> bool {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-
-    pub(super) fn has_avx512() -> bool {
-        has_avx2()
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
 
     /// How far ahead of the block being computed the group is prefetched, in bytes.
     /// Far enough for weights streamed from memory: with 4 block indices, a group larger than

@@ -38,13 +38,13 @@ pub(crate) fn dot_group<const NC: usize>(
     );
     match isa {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx512 if super::x86::has_avx512() => {
+        Isa::Avx512 if crate::quant::has_avx512() => {
             // SAFETY: the CPU has the features (checked in the guard); `group` holds `nb`
             // block indices and every column `nb` packed blocks (asserted above).
             unsafe { x86::dot_group_vnni(group, cols, nb) }
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx2 | Isa::Avx512 if super::x86::has_avx2() => {
+        Isa::Avx2 | Isa::Avx512 if crate::quant::has_avx2_fma_f16c() => {
             // SAFETY: the CPU has AVX2, FMA and F16C; lengths as above.
             unsafe { x86::dot_group_avx2(group, cols, nb) }
         }
