@@ -334,6 +334,21 @@ pub(crate) fn dot_tile(
         // `nb` blocks (asserted above).
         return unsafe { x86::q4_1_tile_vnni(rows, cols, nb, prefetch) };
     }
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if isa == crate::quant::Isa::Avx512 && kind == WeightKind::Q8_0 && crate::qmv512::available() {
+        let nb = cols[0].len() / (QK + 8);
+        assert!(
+            cols.iter().all(|c| c.len() == nb * (QK + 8))
+                && rows.iter().all(|r| r.len() >= nb * Q8_0_BYTES),
+            "qdot::dot_tile: short row or column (a kernel bug)"
+        );
+        // SAFETY: the CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (checked in the
+        // guard); every row holds `nb` q8_0 blocks and every column is a packed column of
+        // `nb` blocks (asserted above).
+        if let Some(out) = unsafe { x86::q8_0_tile_vnni(rows, cols, nb, prefetch) } {
+            return out;
+        }
+    }
     let mut out = [[0.0f32; TILE]; TILE];
     for h in 0..2 {
         let rs: [&[u8]; 4] = std::array::from_fn(|r| rows[4 * h + r]);
@@ -536,6 +551,125 @@ mod x86 {
     const CHUNK: usize = 16;
     const _: () = assert!(CHUNK == 16);
 
+    /// The column scales of blocks `b0 .. b0 + nc` (`nc ≤ CHUNK`) laid out per column pair:
+    /// `da[i][p]` holds `d_a` of block `b0 + i` of column `2p` in lanes 0..8 and of column
+    /// `2p + 1` in lanes 8..16 (the lanes of accumulator `p`).
+    ///
+    /// # Safety
+    /// AVX-512 F; blocks `b0 .. b0 + nc` of every column are inside it.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn pair_scales(cp: &[Col; 8], b0: usize, nc: usize, da: &mut [[__m512; 4]; CHUNK]) {
+        let m: __mmask16 = if nc >= CHUNK { !0 } else { (1 << nc) - 1 };
+        // SAFETY: blocks b0 .. b0 + nc of every column are inside it (caller's contract);
+        // the masked-off elements are not read.
+        let dc: [__m512; 8] =
+            std::array::from_fn(|c| unsafe { _mm512_maskz_loadu_ps(m, cp[c].ds.add(b0)) });
+        // Element i of column 2p (lanes 0..8) and of column 2p + 1 (lanes 8..16).
+        let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+        for (i, dai) in da.iter_mut().enumerate().take(nc) {
+            let idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(i as i32));
+            for (p, d) in dai.iter_mut().enumerate() {
+                *d = _mm512_permutex2var_ps(dc[2 * p], idx, dc[2 * p + 1]);
+            }
+        }
+    }
+
+    /// [`super::dot_tile`] for `q8_0` with AVX-512 VNNI, in the order of
+    /// `super::dot_q8_0_scalar`; `None` when a column holds the quant −128 (the caller then
+    /// takes the AVX2 path). Accumulator `(r, p)` holds row `r` against columns `2p` (lanes
+    /// 0..8) and `2p + 1` (lanes 8..16).
+    ///
+    /// The lane sums: `dpbusd` multiplies unsigned by signed bytes, so the weights go in
+    /// offset by 128 (`w ^ 0x80 = w + 128 ≥ 0`) and the accumulator starts at
+    /// `−128 · Σ y` of the lane (itself one `dpbusd` of the bytes 0x80 with `y` per column
+    /// pair, shared by four rows): `Σ (w + 128) y − 128 Σ y = Σ w y`, exact in i32. The
+    /// sign trick of the AVX2 kernel gives `Σ w y` too, except where `y = −128` meets
+    /// `w < 0` (negating −128 wraps); the quantizer makes −128 only from NaN or infinite
+    /// inputs, and the running minimum of the columns' bytes says when that happened.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; every row holds `nb` `q8_0` blocks, every
+    /// column is a packed column of `nb` blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn q8_0_tile_vnni(
+        rows: [&[u8]; 8],
+        cols: [&[u8]; 8],
+        nb: usize,
+        prefetch: usize,
+    ) -> Option<[[f32; 8]; 8]> {
+        let rp = rows.map(<[u8]>::as_ptr);
+        let cp = cols.map(|c| col(c, nb));
+        let bias = _mm512_set1_epi8(-128);
+        let mut acc = [[_mm512_setzero_ps(); 4]; 8];
+        let mut da = [[_mm512_setzero_ps(); 4]; CHUNK];
+        let mut ymin = _mm512_setzero_si512();
+        for b0 in (0..nb).step_by(CHUNK) {
+            let nc = (nb - b0).min(CHUNK);
+            // SAFETY: blocks b0 .. b0 + nc of every column are inside it (caller's contract).
+            unsafe { pair_scales(&cp, b0, nc, &mut da) };
+            for h in 0..2 {
+                let mut a: [[__m512; 4]; 4] = std::array::from_fn(|r| acc[4 * h + r]);
+                for (i, dai) in da.iter().enumerate().take(nc) {
+                    let b = b0 + i;
+                    let off = b * Q8_0_BYTES;
+                    // SAFETY: block b of every row (34 bytes at `off`) and of every column
+                    // (32 quants) is inside them (caller's contract).
+                    unsafe {
+                        let y: [__m512i; 4] = std::array::from_fn(|p| {
+                            _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(_mm256_loadu_si256(
+                                    cp[2 * p].qs.add(QK * b).cast(),
+                                )),
+                                _mm256_loadu_si256(cp[2 * p + 1].qs.add(QK * b).cast()),
+                            )
+                        });
+                        if h == 0 {
+                            for yp in &y {
+                                ymin = _mm512_min_epi8(ymin, *yp);
+                            }
+                        }
+                        // −128 · Σ y per lane: 0 − Σ 128 y.
+                        let base: [__m512i; 4] = std::array::from_fn(|p| {
+                            _mm512_sub_epi32(
+                                _mm512_setzero_si512(),
+                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, y[p]),
+                            )
+                        });
+                        for (r, ar) in a.iter_mut().enumerate() {
+                            let row = rp[4 * h + r];
+                            if prefetch != 0 {
+                                // A prefetch never faults; the address may lie past the row.
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    row.wrapping_add(off + prefetch).cast(),
+                                );
+                            }
+                            let x = _mm512_xor_si512(
+                                _mm512_broadcast_i64x4(_mm256_loadu_si256(row.add(off + 2).cast())),
+                                bias,
+                            );
+                            let dw = _mm512_set1_ps(one_half(row.add(off)));
+                            for p in 0..4 {
+                                let lanes =
+                                    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(base[p], x, y[p]));
+                                let d = _mm512_mul_ps(dw, dai[p]);
+                                ar[p] = _mm512_fmadd_ps(d, lanes, ar[p]);
+                            }
+                        }
+                    }
+                }
+                for (r, ar) in a.into_iter().enumerate() {
+                    acc[4 * h + r] = ar;
+                }
+            }
+        }
+        // Any column byte −128: the offset sums differ from the sign trick's there.
+        if _mm512_cmpeq_epi8_mask(ymin, bias) != 0 {
+            return None;
+        }
+        Some(hsum_tile(&acc))
+    }
+
     /// [`super::dot_tile`] for `q4_1` with AVX-512 VNNI, in the order of
     /// `super::dot_q4_1_scalar`. Accumulator `(r, p)` holds row `r` against columns `2p`
     /// (lanes 0..8) and `2p + 1` (lanes 8..16); `summs[r]` lane `c` is row `r`'s `m · s`
@@ -561,8 +695,6 @@ mod x86 {
         let mut summs = [_mm256_setzero_ps(); 8];
         let mut da = [[_mm512_setzero_ps(); 4]; CHUNK];
         let mut sa = [_mm256_setzero_ps(); CHUNK];
-        // Element i of column 2p (lanes 0..8) and of column 2p + 1 (lanes 8..16).
-        let pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
         // 128-bit lanes 0, 1 of two registers interleaved (and lanes 2, 3).
         let lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
         let hi_idx =
@@ -572,18 +704,10 @@ mod x86 {
             let m: __mmask16 = if nc == CHUNK { !0 } else { (1 << nc) - 1 };
             // SAFETY: blocks b0 .. b0 + nc of every column are inside it (caller's
             // contract); the masked-off elements are not read.
-            let (dc, sc): ([__m512; 8], [__m512; 8]) = unsafe {
-                (
-                    std::array::from_fn(|c| _mm512_maskz_loadu_ps(m, cp[c].ds.add(b0))),
-                    std::array::from_fn(|c| _mm512_maskz_loadu_ps(m, cp[c].ss.add(b0))),
-                )
-            };
-            for (i, dai) in da.iter_mut().enumerate().take(nc) {
-                let idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(i as i32));
-                for (p, d) in dai.iter_mut().enumerate() {
-                    *d = _mm512_permutex2var_ps(dc[2 * p], idx, dc[2 * p + 1]);
-                }
-            }
+            let sc: [__m512; 8] =
+                std::array::from_fn(|c| unsafe { _mm512_maskz_loadu_ps(m, cp[c].ss.add(b0)) });
+            // SAFETY: as above.
+            unsafe { pair_scales(&cp, b0, nc, &mut da) };
             // The sums transposed (eight columns by sixteen blocks): per 128-bit lane L,
             // u[j] holds columns 0..4 and u[4 + j] columns 4..8 of block 4L + j.
             let t: [__m512; 8] = std::array::from_fn(|q| {
@@ -668,13 +792,27 @@ mod x86 {
                 }
             }
         }
-        // `hsum` of all 64 accumulators, two rows at a time (16 in four registers).
-        let mut out = [[0.0f32; 8]; 8];
         let mut s = [[0.0f32; 8]; 8];
         for (sr, v) in s.iter_mut().zip(&summs) {
             // SAFETY: `sr` holds eight floats.
             unsafe { _mm256_storeu_ps(sr.as_mut_ptr(), *v) };
         }
+        let mut out = hsum_tile(&acc);
+        for (c, oc) in out.iter_mut().enumerate() {
+            for (r, o) in oc.iter_mut().enumerate() {
+                *o += s[r][c];
+            }
+        }
+        out
+    }
+
+    /// `hsum` of the 64 accumulators of a tile (`acc[r][p]`: row `r`, columns `2p` in lanes
+    /// 0..8 and `2p + 1` in lanes 8..16) as `out[c][r]`, two rows at a time (16 sums in four
+    /// registers).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn hsum_tile(acc: &[[__m512; 4]; 8]) -> [[f32; 8]; 8] {
+        let mut out = [[0.0f32; 8]; 8];
         for r in (0..8).step_by(2) {
             // 1: the two 128-bit halves of each accumulator added (`a[i] + a[4 + i]`):
             // t[q] holds columns 4(q % 2) .. 4(q % 2) + 4 of row r + q / 2 in its four
@@ -707,7 +845,7 @@ mod x86 {
             for j in 0..4 {
                 for q in 0..4 {
                     let (rr, c) = (r + q / 2, 4 * (q % 2) + j);
-                    out[c][rr] = e[4 * j + q] + s[rr][c];
+                    out[c][rr] = e[4 * j + q];
                 }
             }
         }
@@ -924,7 +1062,13 @@ mod tests {
         } else {
             &[1, 17, 18, 33, 48]
         };
-        for kind in [WeightKind::Q4_1, WeightKind::Q8_0] {
+        // `poison`: one column's input holds a NaN, whose quant is −128 (the AVX-512 q8_0
+        // tile cannot use its offset sums then and must give the sign trick's bits).
+        for (kind, poison) in [
+            (WeightKind::Q4_1, false),
+            (WeightKind::Q8_0, false),
+            (WeightKind::Q8_0, true),
+        ] {
             for &nb in nbs {
                 let k = nb * QK;
                 let rows: Vec<Vec<u8>> = (0..TILE as u64)
@@ -935,6 +1079,10 @@ mod tests {
                             WeightKind::Q4_1 => quantize_q4_1(&x, &mut v),
                             WeightKind::Q8_0 => {
                                 crate::quant::quantize_q8_0(&x, &mut v);
+                                // A weight quant of −128 (a file may hold one).
+                                if r == 2 {
+                                    v[2 + 5] = 0x80;
+                                }
                             }
                         }
                         v
@@ -944,11 +1092,15 @@ mod tests {
                     .map(|c| {
                         let mut v = vec![0u8; col_bytes(k)];
                         // Columns of different magnitudes, so scales and sums differ.
-                        let x: Vec<f32> = values(c + 70, k)
+                        let mut x: Vec<f32> = values(c + 70, k)
                             .iter()
                             .map(|v| v * (c + 1) as f32)
                             .collect();
+                        if poison && c == 5 {
+                            x[k - 3] = f32::NAN;
+                        }
                         quantize_col(&x, &mut v);
+                        assert_eq!(poison && c == 5, v[..k].contains(&0x80));
                         v
                     })
                     .collect();
@@ -962,7 +1114,7 @@ mod tests {
                             assert_eq!(
                                 got[c][r].to_bits(),
                                 want.to_bits(),
-                                "{isa:?} {kind:?} nb={nb} c={c} r={r}"
+                                "{isa:?} {kind:?} poison={poison} nb={nb} c={c} r={r}"
                             );
                         }
                     }

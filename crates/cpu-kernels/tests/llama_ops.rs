@@ -87,7 +87,7 @@ fn ggml_dot(ty: T, row: &[u8], x: &[f32]) -> f32 {
 }
 
 /// MUL_MAT with q4_1 and q8_0 weights gives ggml's x86 bits for every element, for one
-/// column (decode) and several (a prompt batch, through the many-column kernel with a
+/// column (decode) and several (a prompt batch, through the many-column kernels with a
 /// remainder), with 1 and 2 threads, with a broadcast batch dimension.
 #[test]
 fn quantized_products_are_ggml_x86_bit_for_bit() {
@@ -99,6 +99,8 @@ fn quantized_products_are_ggml_x86_bit_for_bit() {
             (96, 21, 1, 3),
             (64, 17, 11, 2),
             (1536, 9, 5, 1),
+            // a prompt batch: eight-column tiles (with AVX-512 VNNI) and a remainder
+            (256, 40, 35, 1),
         ]
     };
     for ty in [T::Q4_1, T::Q8_0] {

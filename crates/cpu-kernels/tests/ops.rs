@@ -665,9 +665,9 @@ fn mul_mat_thin_all_types() {
     }
 }
 
-/// Batched products (at least 16 columns): the gemm path for f16, bf16 and q8_0 weights
-/// and for f32 from 80 columns (f32 below that: the tiles), and for q4_0 the dot path with
-/// its four-column calls (33 = 8 · 4 + 1 columns, 20 = 5 · 4).
+/// Batched products (at least 16 columns): the gemm path for bf16 weights and for f32 from
+/// 80 columns (f32 below that: the tiles), for q4_0 the dot path with its four-column calls
+/// (33 = 8 · 4 + 1 columns, 20 = 5 · 4), for q8_0 and q4_1 the dot path's tiles.
 #[test]
 #[cfg_attr(miri, ignore = "gemm path: large shapes and SIMD")]
 fn mul_mat_batched_all_types() {

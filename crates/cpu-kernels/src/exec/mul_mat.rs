@@ -55,13 +55,14 @@ impl Exec<'_> {
         } else {
             GEMM_MIN_N
         };
-        // q4_1 likewise (and it has no dequantizing gemm path): its products follow ggml's
-        // integer dots bit for bit (`qdot`).
+        // q4_1 and q8_0 likewise: their products follow ggml's integer dots bit for bit
+        // (`qdot`), at every column count as ggml's do (it quantizes the columns to q8_0 /
+        // q8_1 for batches too).
         // f16 weights likewise: their products follow ggml's summation orders (`hdot`).
         let use_gemm = !cfg!(miri)
             && !matches!(
                 a.ty,
-                ElementType::Q4_0 | ElementType::Q4_1 | ElementType::F16
+                ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 | ElementType::F16
             )
             && n >= gemm_min_n
             && m >= 16
@@ -83,7 +84,7 @@ impl Exec<'_> {
         // q4_0 rows read the column in `quant`'s own layout (f32 scales, precomputed
         // corrections), q8_0 rows as q8_0 blocks.
         let q4 = a.ty == ElementType::Q4_0;
-        // q4_1 and (thin) q8_0 rows read the column as `qdot` packs it (ggml's x86 rule).
+        // q4_1 and q8_0 rows read the column as `qdot` packs it (ggml's x86 rule).
         let ggml_order = qdot_kind(a.ty);
         let col_bytes = if q4 {
             quant::q8_col_bytes(k)
@@ -649,9 +650,9 @@ fn qdot_group<'c>(
     put: &mut impl FnMut(usize, &[f32]),
 ) {
     let mut j = 0;
-    // Eight rows by eight columns per call where the kernel has such tiles (`q4_1` with
-    // AVX-512 VNNI): one pass over a weight block for eight columns.
-    if ROWS == qdot::TILE && kind == qdot::WeightKind::Q4_1 && isa == quant::Isa::Avx512 {
+    // Eight rows by eight columns per call where the kernel has such tiles (`q4_1` and
+    // `q8_0` with AVX-512 VNNI): one pass over a weight block for eight columns.
+    if ROWS == qdot::TILE && isa == quant::Isa::Avx512 {
         while j + qdot::TILE <= n {
             let cols: [&[u8]; qdot::TILE] = std::array::from_fn(|c| col(j + c));
             let rows: [&[u8]; qdot::TILE] = std::array::from_fn(|r| rows[r]);
