@@ -1,4 +1,4 @@
-//! The `CPU_REPACK` buffer type: q4_0 matrices written into it read back as written (whole,
+//! The `CPU_REPACK` buffer type: q4_0 (q4_1, q8_0) matrices written into it read back as written (whole,
 //! in parts, after a fill, through copies), products over them have the bits of the same
 //! products over a plain CPU buffer at every thread count, and no other op reads them.
 
@@ -11,7 +11,7 @@ fn q4_bytes(seed: u64, n: usize) -> Vec<u8> {
     q4_bytes_of(ElementType::Q4_0, seed, n)
 }
 
-/// Deterministic q4_0 or q4_1 bytes with finite f16 scales (and minimums).
+/// Deterministic q4_0, q4_1 or q8_0 bytes with finite f16 scales (and minimums).
 fn q4_bytes_of(ty: ElementType, seed: u64, n: usize) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut v: Vec<u8> = (0..n)
@@ -209,9 +209,10 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
             (96, 32, 5, 1),
             (256, 48, 9, 2),
             (4096, 64, 1, 1),
+            (256, 32, 35, 1),
         ]
     };
-    for ty in [ElementType::Q4_0, ElementType::Q4_1] {
+    for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
         for &(k, m, n, batch) in shapes {
             let plain = products(&cpu_buffer_type(), ty, k, m, n, batch);
             let packed = products(&cpu_repack_buffer_type(), ty, k, m, n, batch);
@@ -232,13 +233,23 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
 /// and partial writes read back as written, the stored bytes are permuted.
 #[test]
 fn q4_1_round_trips_whole_and_in_parts() {
+    round_trips_whole_and_in_parts(ElementType::Q4_1);
+}
+
+/// q8_0 matrices (34-byte blocks; their layout puts a group's scales after its quants) too.
+#[test]
+fn q8_0_round_trips_whole_and_in_parts() {
+    round_trips_whole_and_in_parts(ElementType::Q8_0);
+}
+
+fn round_trips_whole_and_in_parts(ty: ElementType) {
     let (k, m) = (64, 32);
     let mut ctx = Context::new();
-    let w = ctx.new_tensor_2d(ElementType::Q4_1, k, m).unwrap();
+    let w = ctx.new_tensor_2d(ty, k, m).unwrap();
     let nw = ctx[w].nbytes();
     let buf = cpu_repack_buffer_type().alloc_buffer(nw).unwrap();
     tensor_alloc(&mut ctx, &buf, w, 0).unwrap();
-    let mut want = q4_bytes_of(ElementType::Q4_1, 7, nw);
+    let mut want = q4_bytes_of(ty, 7, nw);
     tensor_set(&ctx, w, 0, &want).unwrap();
     assert_eq!(read(&ctx, w), want);
     let mut c2 = Context::new();
@@ -249,7 +260,7 @@ fn q4_1_round_trips_whole_and_in_parts() {
         .into_iter()
         .enumerate()
     {
-        let patch = q4_bytes_of(ElementType::Q4_1, 20 + i as u64, len);
+        let patch = q4_bytes_of(ty, 20 + i as u64, len);
         tensor_set(&ctx, w, off, &patch).unwrap();
         want[off..off + len].copy_from_slice(&patch);
         assert_eq!(read(&ctx, w), want, "write at {off}+{len}");

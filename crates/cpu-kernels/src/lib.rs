@@ -90,7 +90,7 @@
 //!   checks and tests compare against. (The AVX-512 level runs the eight f32 rows as two
 //!   passes of its four-row kernel: the development machine has no AVX-512 to tune or test
 //!   an eight-row version on.)
-//! * **Repacked q4_0 and q4_1 weights** (module [`repack`]): q4_0 and q4_1 matrices placed in the CPU device's
+//! * **Repacked q4_0, q4_1 and q8_0 weights** (module [`repack`]): such matrices placed in the CPU device's
 //!   `CPU_REPACK` buffer type (`backend-cpu`; ggml has a buffer type of that name for the
 //!   same purpose) are stored with the blocks of sixteen rows interleaved, so that the
 //!   AVX-512 VNNI kernel computes sixteen rows in the sixteen lanes of a vector with four

@@ -171,7 +171,7 @@ fn hsum8(a: [f32; 8]) -> f32 {
 /// i16), so the portable kernel matches the AVX2 one even on bytes that never come out of
 /// the quantizer (−128).
 #[inline]
-fn lanes_i8(x: &[u8], y: &[u8]) -> [i32; 8] {
+pub(crate) fn lanes_i8(x: &[u8], y: &[u8]) -> [i32; 8] {
     let p = |j: usize| {
         let (a, b) = (x[j] as i8, y[j] as i8);
         let sy = match a.signum() {

@@ -1,5 +1,5 @@
-//! The interleaved q4_0 and q4_1 layouts of the CPU device's `CPU_REPACK` buffer type, and
-//! their matrix-product kernels (q4_1's in the submodule `q4_1`).
+//! The interleaved q4_0, q4_1 and q8_0 layouts of the CPU device's `CPU_REPACK` buffer type,
+//! and their matrix-product kernels (q4_1's and q8_0's in the submodules `q4_1`, `q8_0`).
 //!
 //! Why: a q4_0 row keeps each block's scale next to its 16 quant bytes (18 bytes a block), so
 //! a kernel that computes several rows at once gathers 2-byte scales and 16-byte quant runs
@@ -15,7 +15,8 @@
 //!
 //! q4_1 blocks (20 bytes: scale, minimum, 16 quant bytes) are interleaved the same way, the
 //! sixteen minimums (32 bytes) following the sixteen scales: see the submodule `q4_1` for
-//! its kernels.
+//! its kernels. q8_0 groups keep all quant chunks first and the scales after them (aligned
+//! chunks for 34-byte blocks): see the submodule `q8_0`.
 //!
 //! The layout is a permutation of the plain bytes within each group (nothing added, nothing
 //! dropped, no bits changed), so filling a tensor with one byte value is the same in both
@@ -35,6 +36,7 @@ use half::f16;
 use crate::quant::{Isa, QK};
 
 pub(crate) mod q4_1;
+pub(crate) mod q8_0;
 
 /// Rows interleaved in one group of the repacked layout.
 pub const GROUP_ROWS: usize = 16;
@@ -47,6 +49,7 @@ fn block_bytes(ty: ElementType) -> Option<usize> {
     match ty {
         ElementType::Q4_0 => Some(18),
         ElementType::Q4_1 => Some(20),
+        ElementType::Q8_0 => Some(q8_0::BLOCK_BYTES),
         _ => None,
     }
 }
@@ -55,8 +58,8 @@ fn block_bytes(ty: ElementType) -> Option<usize> {
 /// `CPU_REPACK`). Tensors in a buffer of this type are repacked when [`is_repackable`].
 pub const REPACK_BUFFER_TYPE_NAME: &str = "CPU_REPACK";
 
-/// Whether `t`, placed in a [`REPACK_BUFFER_TYPE_NAME`] buffer, is stored repacked: a q4_0 or
-/// q4_1 tensor that is not a view, with dense rows and a multiple of [`GROUP_ROWS`] rows per
+/// Whether `t`, placed in a [`REPACK_BUFFER_TYPE_NAME`] buffer, is stored repacked: a q4_0,
+/// q4_1 or q8_0 tensor that is not a view, with dense rows and a multiple of [`GROUP_ROWS`] rows per
 /// matrix (`ne[1]`), so groups never straddle two matrices. Any other tensor in such a buffer
 /// is stored as it is, and the CPU device runs no op that reads it.
 ///
@@ -345,6 +348,9 @@ pub fn segments(
     range: std::ops::Range<usize>,
     mut f: impl FnMut(usize, usize, usize),
 ) {
+    if ty == ElementType::Q8_0 {
+        return q8_0::segments(k, range, f);
+    }
     let Some(block) = block_bytes(ty) else {
         return;
     };

@@ -10,8 +10,8 @@ use super::*;
 const _: () = assert!(hdot::F16_ROWS == F32_ROWS);
 
 impl Exec<'_> {
-    /// `packed`: `a` is q4_0 or q4_1 in the interleaved layout of `repack` (groups of 16
-    /// rows).
+    /// `packed`: `a` is q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of
+    /// 16 rows).
     pub(super) fn mul_mat(
         &mut self,
         dst: &TView,
@@ -350,7 +350,7 @@ impl Exec<'_> {
         res
     }
 
-    /// The dot path over q4_0 or q4_1 weights in the repacked layout (`repack`): a unit is one group
+    /// The dot path over q4_0, q4_1 or q8_0 weights in the repacked layout (`repack`): a unit is one group
     /// of `GROUP_ROWS` rows (= `MM_ROWS`) against all columns. (Units of a group against a
     /// chunk of columns that stays in L2, chunks outermost, measured no faster at 512
     /// columns.)
@@ -364,7 +364,6 @@ impl Exec<'_> {
         isa: quant::Isa,
     ) -> Result<(), BackendError> {
         let (m, k) = (a.ne[1], a.ne[0]);
-        let q4_1 = a.ty == ElementType::Q4_1;
         let mblocks = m.div_ceil(MM_ROWS);
         let (chunk, n_chunks) = (cols.nn, 1);
         let n_mats = dst.ne[2] * dst.ne[3] / cols.bh;
@@ -387,9 +386,19 @@ impl Exec<'_> {
                         let c = batch0 * cols.n + js.start + j;
                         &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
                     };
-                    if q4_1 {
+                    if a.ty == ElementType::Q4_1 {
                         use crate::repack::q4_1::dot_group;
                         mul_mat_group::<Q4_1_REPACK_COLS>(
+                            js.len(),
+                            nr,
+                            out,
+                            col,
+                            |c| dot_group(isa, group, c),
+                            |c| dot_group(isa, group, c),
+                        );
+                    } else if a.ty == ElementType::Q8_0 {
+                        use crate::repack::q8_0::dot_group;
+                        mul_mat_group::<Q8_0_REPACK_COLS>(
                             js.len(),
                             nr,
                             out,
@@ -532,6 +541,9 @@ struct PackedCols<'a> {
 /// Columns per call of the repacked q4_1 kernel (eight accumulators and one of minimums per
 /// column: two columns fill most of AVX-512's 32 registers).
 const Q4_1_REPACK_COLS: usize = 2;
+
+/// Columns per call of the repacked q8_0 kernel (eight accumulators per column).
+const Q8_0_REPACK_COLS: usize = 2;
 
 /// One group of `GROUP_ROWS` repacked rows against the `n` columns `col(0..n)`, `NC` at a
 /// time through `dot` and the rest one by one through `dot1`, into `out[j · nr ..]` per
