@@ -84,7 +84,7 @@ fn mul_mat(ty: ElementType, k: i64, m: i64, n: i64) -> Setup {
     Setup { ctx, g, _buf: buf }
 }
 
-/// [`mul_mat`] for weights of `ty` (q4_0 or q4_1), `k` × `m`, in a CPU_REPACK buffer (with
+/// [`mul_mat`] for weights of `ty` (q4_0, q4_1 or q8_0), `k` × `m`, in a CPU_REPACK buffer (with
 /// the same 0x3c bytes, written through `set_tensor`, which repacks them), and that buffer.
 fn mul_mat_repack(ty: ElementType, k: i64, m: i64, n: i64) -> (Setup, backend_core::Buffer) {
     let mut ctx = Context::new();
@@ -159,12 +159,13 @@ fn bench_mul_mat(c: &mut Criterion) {
             })
         });
     }
-    // The q4_0 shapes again with the weights in the CPU device's CPU_REPACK buffer type
+    // The q4_0, q4_1 and q8_0 shapes again with the weights in the CPU device's CPU_REPACK buffer type
     // (interleaved rows, `cpu_kernels::repack`), as ggml-matvec-bench.sh's `*_repack` rows.
     for (ty, n) in [1, 32, 512]
         .map(|n| (ElementType::Q4_0, n))
         .into_iter()
         .chain([1, 32, 512].map(|n| (ElementType::Q4_1, n)))
+        .chain([1, 32, 512].map(|n| (ElementType::Q8_0, n)))
     {
         let s = mul_mat_repack(ty, 4096, 4096, n);
         group.throughput(Throughput::Elements((2 * 4096 * 4096 * n) as u64));

@@ -15,8 +15,8 @@
 //! aligned, as the CPU backend allocates) and `f32_4096x4096_x1_host` in the crate's test
 //! host buffer (16 bytes past a cache line, where the f32 kernel is mostly a little slower); `f16_8192x4096_x1` (64 MiB),
 //! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
-//! (72 MiB), and the last two again as `_repack` with the weights in the CPU's `CPU_REPACK`
-//! buffer type (the layout a model's q4_0/q4_1 weights load into). `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
+//! (72 MiB), and the last three again as `_repack` with the weights in the CPU's `CPU_REPACK`
+//! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into). `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
 //! `BENCH_THREADS=N`: threads of the products; with 1 the read is one thread's too (the
 //! per-core streaming efficiency, which a loaded machine disturbs less). Results go to
 //! stdout as a table.
@@ -147,6 +147,13 @@ fn main() {
             8192,
             8192,
             Weights::Cpu,
+        ),
+        (
+            "q8_0_8192x8192_x1_repack",
+            ElementType::Q8_0,
+            8192,
+            8192,
+            Weights::Repack,
         ),
         (
             "q4_1_8192x16384_x1",
