@@ -41,8 +41,8 @@ fn placement(model: &Llama) -> Vec<(String, String)> {
 }
 
 #[test]
-fn q4_matrices_go_to_cpu_repack_and_the_logits_keep_their_bits() {
-    for ty in [ElementType::Q4_0, ElementType::Q4_1] {
+fn quantized_matrices_go_to_cpu_repack_and_the_logits_keep_their_bits() {
+    for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
         let m = Synthetic::tiny(11).quantized(ty);
         let mut packed = Llama::new(&m, opts(true)).unwrap();
         let mut plain = Llama::new(&m, opts(false)).unwrap();
