@@ -170,7 +170,7 @@ pub(crate) fn buffer_from_host_memory(buft: BufferType, memory: HostMemory) -> R
 }
 
 /// The `CPU_REPACK` buffer type (ggml's CPU extra buffer type of the same name): CPU memory
-/// in which q4_0 and q4_1 matrices are stored in the interleaved layout of `cpu_kernels::repack`,
+/// in which q4_0, q4_1 and q8_0 matrices are stored in the interleaved layout of `cpu_kernels::repack`,
 /// repacked by `set_tensor` and given back plain by `get_tensor`. Not a host buffer type:
 /// its bytes are not the tensors' plain bytes.
 pub(crate) struct RepackBufferType;

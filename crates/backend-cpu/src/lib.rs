@@ -81,7 +81,7 @@ pub fn cpu_mapped_buffer_type() -> BufferType {
     .clone()
 }
 
-/// The CPU device's extra buffer type `"CPU_REPACK"` (ggml's `CPU_REPACK`): q4_0 and q4_1
+/// The CPU device's extra buffer type `"CPU_REPACK"` (ggml's `CPU_REPACK`): q4_0, q4_1 and q8_0
 /// matrices with a multiple of 16 rows are stored interleaved for the kernels
 /// (`cpu_kernels::repack`); `set_tensor` repacks, `get_tensor` gives back the plain bytes.
 /// Only MUL_MAT reads such a tensor (as its weights); the CPU device refuses any other op

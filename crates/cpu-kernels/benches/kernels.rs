@@ -23,7 +23,9 @@
 //!
 //! The `q4_0_4096x4096_x{1,32,512}_repack` rows run the q4_0 shapes with the weights in the
 //! CPU device's `CPU_REPACK` buffer type (rows interleaved for the kernels,
-//! `cpu_kernels::repack`), the counterpart of the ggml driver's `*_repack` rows.
+//! `cpu_kernels::repack`), the counterpart of the ggml driver's `*_repack` rows; the q4_1 and
+//! q8_0 `_repack` rows do the same for the layouts ggml lacks on x86 (compare them with the
+//! driver's plain q4_1 and q8_0 rows: what llama.cpp runs such weights with here).
 //!
 //! `BENCH_MIN=1` makes the `mul_mat` group report, for each sample, its fastest call (times
 //! the iteration count) instead of the sample's total: on a shared machine where the two

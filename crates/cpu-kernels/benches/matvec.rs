@@ -47,7 +47,7 @@ enum Weights {
     Cpu,
     /// The crate's test host buffer (a `Vec<u64>`: 16 mod 64 from glibc).
     Host,
-    /// The CPU's `CPU_REPACK` buffer type (q4_0 and q4_1: sixteen rows interleaved).
+    /// The CPU's `CPU_REPACK` buffer type (q4_0, q4_1 and q8_0: sixteen rows interleaved).
     Repack,
 }
 
