@@ -15,7 +15,10 @@
 //! And `f16_product`: the crate's own one-column f16 product (MUL_MAT through
 //! `CpuCompute` on one thread, 8192 × 4096, as `matvec`'s `f16_8192x4096_x1`), whose inner
 //! loop `f16_6rows` copies: the gap between the two is what the product's path around that
-//! loop costs.
+//! loop costs. And the crate's repacked q4_1 and q4_0 products (`CPU_REPACK`, one column, one
+//! thread) with their weights in L2 (`q4_1_repack_l2`, 8192 × 96, 480 KiB; `q4_0_repack_l2`,
+//! 8192 × 112, 504 KiB; 128 calls a timing, per-call costs included): how fast those
+//! kernels compute when memory does not wait.
 //!
 //! Printed per loop: GB/s of its fastest call over all rounds and the median over rounds of
 //! its fraction of the same round's read. The L2 rows say how fast each loop computes when
@@ -169,7 +172,13 @@ fn main() {
         ("f16_2op_noconv", loops::f16_rows::<false>),
         ("f16_6rows", loops::f16_rows::<true>),
     ];
-    let product = Product::new();
+    use graph::ElementType as T;
+    let product = Product::new(T::F16, 8192, 4096, false);
+    let repacked = [
+        ("q4_1_repack_l2", Product::new(T::Q4_1, 8192, 96, true)),
+        ("q4_0_repack_l2", Product::new(T::Q4_0, 8192, 112, true)),
+    ];
+    let mut rep_t = vec![Vec::new(); repacked.len()];
     let mut read_t = Vec::new();
     let mut prod_t = Vec::new();
     // [loop][dram, l2] -> times per round
@@ -177,6 +186,9 @@ fn main() {
     for _ in 0..rounds {
         read_t.push(fastest(|| read.run_one_thread()));
         prod_t.push(fastest(|| product.run()));
+        for ((_, p), t) in repacked.iter().zip(&mut rep_t) {
+            t.push(fastest(|| (0..128).for_each(|_| p.run())));
+        }
         for ((_, f), tl) in loops.iter().zip(&mut t) {
             tl[0].push(fastest(|| {
                 // SAFETY: the CPU has the loops' features (checked above); `w` holds `rows`
@@ -205,6 +217,20 @@ fn main() {
         gbs(64 << 20, best(&prod_t)),
         median(prod_t.iter().zip(&read_t).map(|(&x, &r)| r / x).collect())
     );
+    for ((name, p), t) in repacked.iter().zip(&rep_t) {
+        let b = 128 * p.bytes;
+        println!(
+            "{:<16} L2 {:>6.1} {:>5.3}",
+            name,
+            gbs(b, best(t)),
+            median(
+                t.iter()
+                    .zip(&read_t)
+                    .map(|(&x, &r)| gbs(b, x) / gbs(read.bytes(), r))
+                    .collect()
+            )
+        );
+    }
     for ((name, _), tl) in loops.iter().zip(&t) {
         let l2_bytes = l2_reps * L2_ROWS * ROW_BYTES;
         let frac = |ts: &[f64], b: usize| {
@@ -226,9 +252,10 @@ fn main() {
     }
 }
 
-/// The crate's one-column f16 product (MUL_MAT, 8192 × 4096, 64 MiB in the CPU buffer
-/// type) on one thread, as `matvec`'s `f16_8192x4096_x1` row.
+/// One of the crate's one-column products (MUL_MAT) on one thread, its weights in the CPU
+/// buffer type (or `CPU_REPACK`), as `matvec` builds its rows.
 struct Product {
+    bytes: usize,
     cpu: cpu_kernels::CpuCompute,
     ctx: graph::Context,
     g: graph::Graph,
@@ -236,16 +263,22 @@ struct Product {
 }
 
 impl Product {
-    fn new() -> Product {
-        use graph::ElementType;
+    /// `ty` weights of `k` × `m`; `repack`: in the `CPU_REPACK` buffer type.
+    fn new(ty: graph::ElementType, k: i64, m: i64, repack: bool) -> Product {
         let mut ctx = graph::Context::new();
-        let w = ctx.new_tensor_2d(ElementType::F16, 8192, 4096).unwrap();
-        let x = ctx.new_tensor_2d(ElementType::F32, 8192, 1).unwrap();
+        let w = ctx.new_tensor_2d(ty, k, m).unwrap();
+        let x = ctx.new_tensor_2d(graph::ElementType::F32, k, 1).unwrap();
         let y = ctx.mul_mat(w, x).unwrap();
         let mut g = graph::Graph::new(8);
         g.build_forward_expand(&mut ctx, y).unwrap();
         let buft = backend_cpu::cpu_buffer_type();
-        let wbuf = buft.alloc_buffer(ctx[w].nbytes()).unwrap();
+        let bytes = ctx[w].nbytes();
+        let wbuf = if repack {
+            backend_cpu::cpu_repack_buffer_type().alloc_buffer(bytes)
+        } else {
+            buft.alloc_buffer(bytes)
+        }
+        .unwrap();
         wbuf.clear(0x3c).unwrap();
         backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
         let xbytes = ctx[x].nbytes().next_multiple_of(64);
@@ -254,6 +287,7 @@ impl Product {
         backend_core::tensor_alloc(&mut ctx, &xbuf, x, 0).unwrap();
         backend_core::tensor_alloc(&mut ctx, &xbuf, y, xbytes).unwrap();
         Product {
+            bytes,
             cpu: cpu_kernels::CpuCompute::new(1),
             ctx,
             g,
