@@ -188,11 +188,16 @@ fn round_to_f16_f16c(v: &mut [f32]) {
     round_to_f16_portable(chunks.into_remainder());
 }
 
-/// Rows of a [`dot_rows_f16`] call: eight read side by side, as the read ceiling's eight
-/// streams (four rows reached 0.56–0.74 of a one-thread read, eight 0.66–0.78). With four
-/// accumulators a row, thirty-two, the compiler keeps a few on the stack: the loop waits on
-/// DRAM, not on those L1 accesses.
-pub(crate) const F16_ROWS: usize = 8;
+/// Rows of a [`dot_rows_f16`] call. Six rows keep their 24 accumulators and the column's
+/// four vectors in registers (with eight, 32 accumulators, the compiler kept some on the
+/// stack). What limits a one-thread stream from DRAM here is not arithmetic (the kernel runs
+/// at about three times that rate with its weights in L2) but how many vector operations
+/// wait on each cache line in flight: a loop of the same shape with one operation per line
+/// read at the read ceiling, with two (the least for f16: sixteen f32 lanes per FMA, 32
+/// elements per line) at 0.85. Six rows without spills came closest: 0.93–0.95 of the
+/// one-thread read against 0.87–0.88 with eight (median of 30 interleaved rounds, three
+/// runs; a stand-alone loop over 64 MiB, not kept in the repository).
+pub(crate) const F16_ROWS: usize = 6;
 
 /// Whether [`dot_rows_f16`] runs its AVX-512 body on this CPU. The executor then reads
 /// one-column f16 products' rows in place (16 bits an element from DRAM, converted in
@@ -266,6 +271,11 @@ const F16_PREFETCH: usize = 512;
 /// elements of a row with `vcvtph2ps`, and each step of 64 prefetches two cache lines of
 /// each row [`F16_PREFETCH`] elements ahead.
 ///
+/// The conversion is `_mm512_cvt_roundph_ps` with the current rounding mode, not
+/// `_mm512_cvtph_ps`: the latter is encoded with exceptions suppressed (`{sae}`), a form that
+/// cannot take its operand from memory and that ran slower on the development machine
+/// (Zen 5); the values are the same (f16 to f32 is exact).
+///
 /// # Safety
 /// AVX-512F, F16C and FMA; every row at least `2 · col.len()` bytes.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -293,7 +303,8 @@ unsafe fn rows_f16_avx512(rows: [&[u8]; F16_ROWS], col: &[f32]) -> [f32; F16_ROW
             for r in 0..F16_ROWS {
                 for j in 0..4 {
                     let h = _mm256_loadu_si256(rp[r].add(2 * (i + 16 * j)).cast());
-                    acc[4 * r + j] = _mm512_fmadd_ps(_mm512_cvtph_ps(h), y[j], acc[4 * r + j]);
+                    let x = _mm512_cvt_roundph_ps::<_MM_FROUND_CUR_DIRECTION>(h);
+                    acc[4 * r + j] = _mm512_fmadd_ps(x, y[j], acc[4 * r + j]);
                 }
             }
         }

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering}
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -67,6 +67,12 @@ struct Shared {
     sleepers: AtomicUsize,
     /// The caller is asleep on `done` (or about to be): the last worker wakes it.
     waiting: AtomicBool,
+}
+
+/// Take a lock of the pool. Nothing panics while holding one, and they guard no data that a
+/// panic could leave half-written, so a poisoned lock is as good as a healthy one.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// How long a thread polls (with `spin_loop`) before it starts yielding its core.
@@ -137,16 +143,17 @@ impl Pool {
         // Each worker reports once it runs: a new thread's start-up (its name copied for the
         // runtime, thread-locals) allocates on that thread, which the OS may schedule late;
         // waiting here keeps those allocations inside `new`, never inside a later compute.
-        let (started, running) = std::sync::mpsc::channel::<()>();
+        // (A count under the sleep lock rather than a channel: a channel's blocking receive
+        // allocates, or not, depending on who gets there first.)
+        let started = Arc::new((Mutex::new(0usize), Condvar::new()));
         for ith in 1..n_threads {
             let sh = shared.clone();
             let started = started.clone();
             let h = std::thread::Builder::new()
                 .name(format!("cpu-kernels-{ith}"))
                 .spawn(move || {
-                    // The receiver outlives this send (it is dropped after every worker
-                    // reported or failed to start); an error could only mean it is gone.
-                    let _ = started.send(());
+                    *lock(&started.0) += 1;
+                    started.1.notify_one();
                     drop(started);
                     worker(sh, ith)
                 });
@@ -158,14 +165,15 @@ impl Pool {
                 }
             }
         }
-        drop(started);
-        for _ in 0..handles.len() {
-            // Every started worker sends once; a worker that died before sending dropped its
-            // sender, and once all are gone `recv` errs instead of blocking.
-            if running.recv().is_err() {
-                break;
-            }
+        // Every spawned worker counts itself as the first thing it does.
+        let mut count = lock(&started.0);
+        while *count < handles.len() {
+            count = started
+                .1
+                .wait(count)
+                .unwrap_or_else(PoisonError::into_inner);
         }
+        drop(count);
         let n_threads = handles.len() + 1;
         Pool {
             shared,
@@ -212,7 +220,7 @@ impl Pool {
         // epoch, or we see it and wake it.
         sh.epoch.0.fetch_add(1, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) != 0 {
-            let _g = sh.lock.lock();
+            let _g = lock(&sh.lock);
             sh.work.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
@@ -224,13 +232,13 @@ impl Pool {
         }
         // Wait for the workers: poll briefly, then sleep.
         if !poll(|| sh.remaining.0.load(Ordering::Acquire) == 0) {
-            let mut g = sh.lock.lock();
+            let mut g = lock(&sh.lock);
             // SeqCst, with the last worker's decrement and `waiting` load: either we see
             // `remaining` at zero, or it sees us waiting (and takes the lock, which we hold
             // until we sleep, to wake us).
             sh.waiting.store(true, Ordering::SeqCst);
             while sh.remaining.0.load(Ordering::SeqCst) != 0 {
-                sh.done.wait(&mut g);
+                g = sh.done.wait(g).unwrap_or_else(PoisonError::into_inner);
             }
             sh.waiting.store(false, Ordering::Relaxed);
         }
@@ -249,11 +257,11 @@ fn worker(sh: Arc<Shared>, ith: usize) {
         let ready =
             || sh.epoch.0.load(Ordering::Acquire) != seen || sh.shutdown.load(Ordering::Relaxed);
         if !poll(ready) {
-            let mut g = sh.lock.lock();
+            let mut g = lock(&sh.lock);
             // SeqCst, with the caller's epoch bump and `sleepers` load (see `Pool::run`).
             sh.sleepers.fetch_add(1, Ordering::SeqCst);
             while sh.epoch.0.load(Ordering::SeqCst) == seen && !sh.shutdown.load(Ordering::SeqCst) {
-                sh.work.wait(&mut g);
+                g = sh.work.wait(g).unwrap_or_else(PoisonError::into_inner);
             }
             sh.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
@@ -277,7 +285,7 @@ fn worker(sh: Arc<Shared>, ith: usize) {
             sh.panicked.store(true, Ordering::Release);
         }
         if sh.remaining.0.fetch_sub(1, Ordering::SeqCst) == 1 && sh.waiting.load(Ordering::SeqCst) {
-            let _g = sh.lock.lock();
+            let _g = lock(&sh.lock);
             sh.done.notify_all();
         }
     }
@@ -287,7 +295,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         {
-            let _g = self.shared.lock.lock();
+            let _g = lock(&self.shared.lock);
             self.shared.work.notify_all();
         }
         for h in self.handles.drain(..) {

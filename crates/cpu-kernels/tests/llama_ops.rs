@@ -441,69 +441,81 @@ fn reduce16(v: &[f32]) -> f32 {
 /// MUL_MAT with f16 weights (the attention over an f16 cache): `src1` rounded to f16, then
 /// ggml's AVX-512 orders bit for bit — `ggml_vec_dot_f16` for one column (4 × 16 lanes over
 /// steps of 64, the rest in f64), llamafile's tinyBLAS for more (one 16-lane FMA chain),
-/// with the GQA broadcast of the query heads over the KV heads.
+/// with the GQA broadcast of the query heads over the KV heads, and without it (one column
+/// per matrix: the kernel that reads the f16 rows in place, its row groups and units cut at
+/// row counts that are not a multiple of them).
 #[test]
 fn f16_products_are_ggml_bit_for_bit() {
     let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
         &[(64, 4, 1), (32, 4, 2)]
     } else {
-        &[(64, 32, 1), (64, 32, 4), (80, 12, 1), (256, 64, 3)]
+        &[
+            (64, 32, 1),
+            (64, 32, 4),
+            (80, 12, 1),
+            (256, 64, 3),
+            (80, 40, 1),
+            (200, 23, 1),
+        ]
     };
     for &(k, m, n) in shapes {
-        for &nth in THREADS {
-            let mut ctx = Context::new();
-            let a = ctx.new_tensor_3d(T::F16, k as i64, m as i64, 3).unwrap();
-            let b = ctx.new_tensor_3d(T::F32, k as i64, n as i64, 9).unwrap();
-            let c = ctx.mul_mat(a, b).unwrap();
-            let g = graph_of(&mut ctx, &[c]);
-            let _buf = alloc_all(&mut ctx);
-            let mut rng = Rng::new((k + m + n) as u64);
-            fill(&ctx, a, &mut rng);
-            fill(&ctx, b, &mut rng);
-            compute(&ctx, &g, nth);
-            let w: Vec<f32> = bytes(&ctx, a)
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect();
-            let x: Vec<f32> = f32s(&bytes(&ctx, b))
-                .into_iter()
-                .map(|v| f16::from_f32(v).to_f32())
-                .collect();
-            let out = f32s(&bytes(&ctx, c));
-            let tiny = n >= 2 && k % 16 == 0 && m % 4 == 0;
-            for h in 0..9 {
-                for j in 0..n {
-                    let col = &x[(h * n + j) * k..(h * n + j + 1) * k];
-                    for r in 0..m {
-                        let row = &w[((h / 3) * m + r) * k..((h / 3) * m + r + 1) * k];
-                        let want = if tiny {
-                            let mut acc = [0.0f32; 16];
-                            for i in 0..k {
-                                acc[i % 16] = row[i].mul_add(col[i], acc[i % 16]);
-                            }
-                            reduce16(&acc)
-                        } else {
-                            let np = k / 64 * 64;
-                            let mut acc = [[0.0f32; 16]; 4];
-                            for i in 0..np {
-                                let (j4, l) = ((i % 64) / 16, i % 16);
-                                acc[j4][l] = row[i].mul_add(col[i], acc[j4][l]);
-                            }
-                            let x16: Vec<f32> = (0..16)
-                                .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
-                                .collect();
-                            let mut s = f64::from(reduce16(&x16));
-                            for i in np..k {
-                                s += f64::from(row[i] * col[i]);
-                            }
-                            s as f32
-                        };
-                        let got = out[(h * n + j) * m + r];
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "k{k} m{m} n{n} h{h} j{j} r{r}"
-                        );
+        for (kv, q) in [(3, 9), (2, 2)] {
+            for &nth in THREADS {
+                let mut ctx = Context::new();
+                let a = ctx.new_tensor_3d(T::F16, k as i64, m as i64, kv).unwrap();
+                let b = ctx.new_tensor_3d(T::F32, k as i64, n as i64, q).unwrap();
+                let c = ctx.mul_mat(a, b).unwrap();
+                let g = graph_of(&mut ctx, &[c]);
+                let _buf = alloc_all(&mut ctx);
+                let mut rng = Rng::new((k + m + n) as u64);
+                fill(&ctx, a, &mut rng);
+                fill(&ctx, b, &mut rng);
+                compute(&ctx, &g, nth);
+                let w: Vec<f32> = bytes(&ctx, a)
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect();
+                let x: Vec<f32> = f32s(&bytes(&ctx, b))
+                    .into_iter()
+                    .map(|v| f16::from_f32(v).to_f32())
+                    .collect();
+                let out = f32s(&bytes(&ctx, c));
+                let tiny = n >= 2 && k % 16 == 0 && m % 4 == 0;
+                let g = (q / kv) as usize;
+                for h in 0..q as usize {
+                    for j in 0..n {
+                        let col = &x[(h * n + j) * k..(h * n + j + 1) * k];
+                        for r in 0..m {
+                            let row = &w[((h / g) * m + r) * k..((h / g) * m + r + 1) * k];
+                            let want = if tiny {
+                                let mut acc = [0.0f32; 16];
+                                for i in 0..k {
+                                    acc[i % 16] = row[i].mul_add(col[i], acc[i % 16]);
+                                }
+                                reduce16(&acc)
+                            } else {
+                                let np = k / 64 * 64;
+                                let mut acc = [[0.0f32; 16]; 4];
+                                for i in 0..np {
+                                    let (j4, l) = ((i % 64) / 16, i % 16);
+                                    acc[j4][l] = row[i].mul_add(col[i], acc[j4][l]);
+                                }
+                                let x16: Vec<f32> = (0..16)
+                                    .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
+                                    .collect();
+                                let mut s = f64::from(reduce16(&x16));
+                                for i in np..k {
+                                    s += f64::from(row[i] * col[i]);
+                                }
+                                s as f32
+                            };
+                            let got = out[(h * n + j) * m + r];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "k{k} m{m} n{n} kv{kv} h{h} j{j} r{r}"
+                            );
+                        }
                     }
                 }
             }

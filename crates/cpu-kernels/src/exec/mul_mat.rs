@@ -6,8 +6,9 @@
 
 use super::*;
 
-// The in-place f16 kernel computes one whole row group of the dot path.
-const _: () = assert!(hdot::F16_ROWS == F32_ROWS);
+/// Rows of a unit of one-column f16 products read in place: three of the kernel's groups
+/// of [`hdot::F16_ROWS`], so that no group of a unit repeats rows.
+const F16_UNIT_ROWS: usize = 3 * hdot::F16_ROWS;
 
 impl Exec<'_> {
     /// `packed`: `a` is q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of
@@ -118,7 +119,6 @@ impl Exec<'_> {
         }
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
-        let mblocks = m.div_ceil(MM_ROWS);
         let row_len = a.ty.row_size(k);
         let isa = quant::Isa::best();
         let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
@@ -142,6 +142,8 @@ impl Exec<'_> {
             && nn == 1
             && a.rows_contiguous()
             && hdot::has_direct_f16();
+        let unit_rows = if direct_f16 { F16_UNIT_ROWS } else { MM_ROWS };
+        let mblocks = m.div_ceil(unit_rows);
         let this = &*self;
         if packed {
             let cols = PackedCols {
@@ -153,12 +155,12 @@ impl Exec<'_> {
             };
             return this.mul_mat_repacked(dst, a, &cols, r2, r3, isa);
         }
-        this.par_for_contiguous(n_batch / bh * mblocks, MM_ROWS * k * nn, |units, ts| {
+        this.par_for_contiguous(n_batch / bh * mblocks, unit_rows * k * nn, |units, ts| {
             for u in units {
                 let (batch0, mb) = (u / mblocks * bh, u % mblocks);
                 let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
                 let (a2, a3) = (i2_0 / r2, i3 / r3);
-                let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
+                let rows = mb * unit_rows..((mb + 1) * unit_rows).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * nn);
                 if tiled {
@@ -176,6 +178,7 @@ impl Exec<'_> {
                     // on the other rows of its group).
                     let group = match a.ty {
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
+                        ElementType::F16 if direct_f16 => hdot::F16_ROWS,
                         _ => F32_ROWS,
                     };
                     // The unit's quantized (or in-place f16) rows, bounds-checked once (row

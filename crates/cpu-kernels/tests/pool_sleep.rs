@@ -1,0 +1,72 @@
+//! A worker going to sleep, and being woken, makes no heap allocation.
+//!
+//! The pool's threads sleep on a condition variable when they have been idle for a few
+//! microseconds. A sleep primitive that allocates the first time a thread (or the first thread
+//! in the process) blocks turns that moment into a heap allocation inside whatever compute is
+//! running then: on a loaded machine a worker may never sleep during a model's warm-up and
+//! first do so many steps later, which broke the decode-step no-allocation guarantee
+//! (`crates/llm/tests/no_alloc.rs`). This test is its own binary so that nothing else in the
+//! process has blocked before it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use cpu_kernels::CpuCompute;
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to the system allocator with the same arguments; the counter
+// has no effect on the memory returned.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; `ptr` came from this allocator with `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made by starting a two-thread engine and leaving it idle for long enough that
+/// its worker goes to sleep (it polls for about 20 µs first).
+fn allocations_of_an_engine_going_idle() -> usize {
+    let before = ALLOCS.load(Ordering::Relaxed);
+    let compute = CpuCompute::new(2);
+    assert_eq!(compute.n_threads(), 2);
+    std::thread::sleep(Duration::from_millis(50));
+    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    drop(compute);
+    n
+}
+
+/// The first engine of the process is the first to put a thread to sleep; the second starts
+/// the same threads the same way. Their counts differ only if blocking itself allocates
+/// (a lazily built global wait table, say, made on the first block in the process).
+#[test]
+#[cfg_attr(miri, ignore = "sleeps; nothing unsafe to check")]
+fn a_worker_goes_to_sleep_without_allocating() {
+    // Pay the process's one-time costs before measuring: the first thread spawn allocates
+    // once (std reads and caches the minimum stack size), and the test harness's own thread
+    // allocates when it first blocks waiting for this test.
+    std::thread::spawn(|| {}).join().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let first = allocations_of_an_engine_going_idle();
+    let second = allocations_of_an_engine_going_idle();
+    assert_eq!(
+        first, second,
+        "the first engine to go idle made {first} heap allocations, the second {second}"
+    );
+}
