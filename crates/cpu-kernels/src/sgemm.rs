@@ -478,7 +478,8 @@ mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     }
 
-    /// Runs the whole product as `grid`'s units, each with the given kernel.
+    /// Runs the whole product as the units of `nth` threads' grid, each with the given kernel;
+    /// `nth == 0`: as one unit (which then spans several weights blocks when `m` is large).
     fn product(
         kernel: Kernel,
         a: &[f32],
@@ -496,8 +497,11 @@ mod tests {
         let mut ap = vec![f32::NAN; packed_a_len(m, k)];
         pack_a(&am, &mut ap);
         let mut bcopy = Vec::new();
-        for u in 0..g.units_per_matrix() {
-            let (rows, cols) = g.unit(u);
+        let units: Vec<_> = match nth {
+            0 => vec![(0..m, 0..n)],
+            _ => (0..g.units_per_matrix()).map(|u| g.unit(u)).collect(),
+        };
+        for (rows, cols) in units {
             // SAFETY: one unit at a time; `out` is not read while the units write it, and
             // does not overlap `b`.
             unsafe { gemm_unit(kernel, &dm, &ap, m, &bm, rows, cols, &mut bcopy) };
@@ -515,6 +519,7 @@ mod tests {
                 (384, 96, 16),
                 (800, 130, 77),
                 (1600, 96, 9),
+                (1600, 400, 20),
                 (37, 1, 1),
             ]
         };
@@ -533,7 +538,7 @@ mod tests {
             let mut kernels = vec![Kernel::Portable];
             kernels.extend(Kernel::best());
             for kernel in kernels {
-                let nths: &[usize] = if cfg!(miri) { &[2] } else { &[1, 2, 7] };
+                let nths: &[usize] = if cfg!(miri) { &[2] } else { &[0, 1, 2, 7] };
                 for &nth in nths {
                     let got = product(kernel, &a, &b, k, m, n, nth);
                     assert!(
