@@ -11,7 +11,8 @@
 //!   executor hands units to threads.
 //! * The weights are packed once per op (see `exec`): for each block of the inner dimension
 //!   ([`kc_for`]: the fewest blocks of at most [`KC_MAX`]), panels of [`MR`] rows (`kc × MR`
-//!   floats, row index fastest, short panels padded with zeros).
+//!   floats, row index fastest, short panels padded with zeros); with AVX-512, 16 rows × 16
+//!   steps at a time, transposed in registers.
 //! * Inside a unit, for each inner block and each [`mc_for`] rows of weights (an L2 block of
 //!   576 KiB), the unit's columns of `src1` are taken [`NR`] at a time, read in place when a
 //!   column's elements are adjacent (else copied into a panel), and multiplied by each weight
@@ -23,11 +24,13 @@
 //!   a scratch tile): with `k = 4096` every tile is loaded and stored once per inner block,
 //!   and the copies through a scratch tile cost about 5 % there.
 //!
-//! Not kept, measured: prefetching the next column panel into L2 from the micro-kernel (faster
-//! on MiniLM's products alone, slower on 4096³, where columns 16 KiB apart crowd into a few
-//! cache sets; MiniLM as a whole ran 5–8 % slower with it), and packing the weights 16 steps
-//! at a time with each cache line read and written once (64 MiB in 14 ms of CPU instead of
-//! 35–40, but MiniLM as a whole ran slower with it, beside the in-place tiles).
+//! Not kept, measured (figures in `docs/benchmarks.md`): prefetching the next column panel
+//! into L2 from the micro-kernel (no faster beyond the spread, slower on 4096³, where
+//! columns 16 KiB apart crowd into a few cache sets), also with the unit's columns copied
+//! into a contiguous buffer per inner block when several weights blocks read them (BLIS's
+//! packed B: no faster on 4096³, slower on k = 1536, where the copy competes with the weights
+//! block for L2); prefetching the next result tile, or the next weights block (which evicts
+//! the current one from L2).
 //!
 //! **Every result element is one chain of fused multiply-adds over the inner dimension in
 //! order**, `c = fma(a[0], b[0], 0)`, `c = fma(a[1], b[1], c)`, …: a block after the first
