@@ -14,11 +14,13 @@
 //!   (the previous path: one call per thread on half the rows each) on the same shapes.
 //!
 //! Every figure is the fastest of several calls in that round (the machine is shared); the
-//! ratio to the peak uses the same round's peak. Beside the wall-clock figures, each call's
-//! CPU time (the process's, all threads) gives GFLOP per busy CPU-second, and the same for
-//! the FMA loop: their ratio (`cpu/peak`) leaves out the time the threads waited for a core,
-//! so it stays meaningful on a loaded machine (it still feels the caches and memory that
-//! other jobs share). Results go to stdout as a table.
+//! ratio to the peak uses the same round's peak. Beside the wall-clock figures, the CPU time
+//! per call (the process's, all threads, over batches of calls at least 0.2 s long, the least
+//! of three batches) gives GFLOP per busy CPU-second, and the same for the FMA loop: their
+//! ratio (`cpu/peak`) leaves out the time the threads waited for a core, so it stays
+//! meaningful on a loaded machine (it still feels the caches and memory that other jobs
+//! share, and counts a worker's spinning while it waits for the others). Results go to
+//! stdout as a table.
 #![allow(clippy::print_stdout)]
 
 use std::hint::black_box;
@@ -46,22 +48,46 @@ fn cpu_secs(clock: libc::clockid_t) -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
-fn fastest(reps: usize, f: impl FnMut()) -> Duration {
-    fastest_both(reps, f).0
-}
-
-/// The fastest call's wall time and the least CPU time of a call (seconds), over `reps`.
-fn fastest_both(reps: usize, mut f: impl FnMut()) -> (Duration, f64) {
+fn fastest(reps: usize, mut f: impl FnMut()) -> Duration {
     (0..reps)
         .map(|_| {
-            let c = cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID);
             let t = Instant::now();
             f();
-            (t.elapsed(), cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID) - c)
+            t.elapsed()
         })
-        .fold((Duration::MAX, f64::INFINITY), |(w, c), (tw, tc)| {
-            (w.min(tw), c.min(tc))
-        })
+        .min()
+        .unwrap_or(Duration::MAX)
+}
+
+/// Batches of calls over which [`fastest_both`] reads the process's CPU clock.
+const CPU_BATCHES: usize = 3;
+/// Least wall time of a batch: the process clock takes in a running worker's time only at
+/// the next scheduler event (up to a tick, a few ms, late), so it is read over batches long
+/// enough for that to vanish.
+const CPU_BATCH: Duration = Duration::from_millis(200);
+
+/// The fastest call's wall time (over at least `reps` calls) and the least CPU time per call
+/// (seconds) of [`CPU_BATCHES`] batches of calls, each at least [`CPU_BATCH`] long.
+fn fastest_both(reps: usize, mut f: impl FnMut()) -> (Duration, f64) {
+    let mut wall = Duration::MAX;
+    let mut cpu = f64::INFINITY;
+    let mut calls = 0;
+    for batch in 0.. {
+        if batch >= CPU_BATCHES && calls >= reps {
+            break;
+        }
+        let (c0, t0) = (cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID), Instant::now());
+        let mut n = 0;
+        while n == 0 || t0.elapsed() < CPU_BATCH {
+            let t = Instant::now();
+            f();
+            wall = wall.min(t.elapsed());
+            n += 1;
+        }
+        cpu = cpu.min((cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID) - c0) / n as f64);
+        calls += n;
+    }
+    (wall, cpu)
 }
 
 /// Cycles per second of the calling thread's core: 8 dependent adds per iteration.

@@ -11,7 +11,8 @@
 //!   executor hands units to threads.
 //! * The weights are packed once per op (see `exec`): for each block of the inner dimension
 //!   ([`kc_for`]: the fewest blocks of at most [`KC_MAX`]), panels of [`MR`] rows (`kc × MR`
-//!   floats, row index fastest, short panels padded with zeros).
+//!   floats, row index fastest, short panels padded with zeros); with AVX-512, 16 rows × 16
+//!   steps at a time, transposed in registers.
 //! * Inside a unit, for each inner block and each [`mc_for`] rows of weights (an L2 block of
 //!   576 KiB), the unit's columns of `src1` are taken [`NR`] at a time, read in place when a
 //!   column's elements are adjacent (else copied into a panel), and multiplied by each weight
@@ -23,11 +24,13 @@
 //!   a scratch tile): with `k = 4096` every tile is loaded and stored once per inner block,
 //!   and the copies through a scratch tile cost about 5 % there.
 //!
-//! Not kept, measured: prefetching the next column panel into L2 from the micro-kernel (faster
-//! on MiniLM's products alone, slower on 4096³, where columns 16 KiB apart crowd into a few
-//! cache sets; MiniLM as a whole ran 5–8 % slower with it), and packing the weights 16 steps
-//! at a time with each cache line read and written once (64 MiB in 14 ms of CPU instead of
-//! 35–40, but MiniLM as a whole ran slower with it, beside the in-place tiles).
+//! Not kept, measured (figures in `docs/benchmarks.md`): prefetching the next column panel
+//! into L2 from the micro-kernel (no faster beyond the spread, slower on 4096³, where
+//! columns 16 KiB apart crowd into a few cache sets), also with the unit's columns copied
+//! into a contiguous buffer per inner block when several weights blocks read them (BLIS's
+//! packed B: no faster on 4096³, slower on k = 1536, where the copy competes with the weights
+//! block for L2); prefetching the next result tile, or the next weights block (which evicts
+//! the current one from L2).
 //!
 //! **Every result element is one chain of fused multiply-adds over the inner dimension in
 //! order**, `c = fma(a[0], b[0], 0)`, `c = fma(a[1], b[1], c)`, …: a block after the first
@@ -168,18 +171,40 @@ pub(crate) fn a_panels(m: usize, k: usize) -> impl Iterator<Item = (Range<usize>
 /// row index fastest. The regions of [`a_panels`] can be packed separately with
 /// [`pack_a_panel`].
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn pack_a(a: &MatF32, out: &mut [f32]) {
+pub(crate) fn pack_a(kernel: Kernel, a: &MatF32, out: &mut [f32]) {
     let (k, m) = a.dims();
     let mut rest = out;
     for (lines, ks) in a_panels(m, k) {
         let (panel, r) = rest.split_at_mut(MR * ks.len());
-        pack::<MR>(a, lines, ks, panel);
+        pack_a_panel(kernel, a, lines, ks, panel);
         rest = r;
     }
 }
 
-/// One region of [`pack_a`]: rows `lines` (at most [`MR`]), inner range `ks`.
-pub(crate) fn pack_a_panel(a: &MatF32, lines: Range<usize>, ks: Range<usize>, out: &mut [f32]) {
+/// One region of [`pack_a`]: rows `lines` (at most [`MR`]), inner range `ks`. With the
+/// AVX-512 kernel, a whole panel of rows with adjacent elements is gathered one step of the
+/// inner dimension at a time, so the panel is written in order, each cache line once (the
+/// row-at-a-time packing writes every line of the panel [`MR`] times, 4 bytes each, and
+/// took about 5 % of a 4096³ product); the floats are the same.
+pub(crate) fn pack_a_panel(
+    kernel: Kernel,
+    a: &MatF32,
+    lines: Range<usize>,
+    ks: Range<usize>,
+    out: &mut [f32],
+) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if kernel == Kernel::Avx512 && lines.len() == MR && out.len() == MR * ks.len() {
+        let rows: [Option<&[f32]>; MR] =
+            std::array::from_fn(|w| a.line(lines.start + w, ks.clone()));
+        if rows.iter().all(Option::is_some) {
+            let rows = rows.map(Option::unwrap_or_default);
+            // SAFETY: `Kernel::Avx512` is only made when the CPU has AVX-512 F.
+            unsafe { x86::pack_transpose(rows, out) };
+            return;
+        }
+    }
+    let _ = kernel;
     pack::<MR>(a, lines, ks, out);
 }
 
@@ -417,6 +442,80 @@ mod x86 {
 
     use super::{MR, NR};
 
+    /// A weights panel: `out[kk·MR + w] = rows[w][kk]` for every step `kk` of the rows (all
+    /// of one length `kc`), 16 steps of 16 rows at a time transposed in registers (each
+    /// source cache line read once, each line of `out` written once).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_transpose(rows: [&[f32]; MR], out: &mut [f32]) {
+        let kc = rows[0].len();
+        assert!(
+            rows.iter().all(|r| r.len() == kc) && out.len() >= kc * MR,
+            "sgemm: short panel (a kernel bug)"
+        );
+        let full = kc - kc % 16;
+        for kk0 in (0..full).step_by(16) {
+            for h in 0..MR / 16 {
+                // SAFETY: kk0 + 16 <= kc = each row's length (asserted).
+                let r: [__m512; 16] = std::array::from_fn(|i| unsafe {
+                    _mm512_loadu_ps(rows[16 * h + i].as_ptr().add(kk0))
+                });
+                let c = transpose16(r);
+                for (j, cj) in c.iter().enumerate() {
+                    let o = &mut out[(kk0 + j) * MR + 16 * h..][..16];
+                    // SAFETY: `o` holds 16 floats.
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *cj) };
+                }
+            }
+        }
+        for kk in full..kc {
+            for (w, r) in rows.iter().enumerate() {
+                out[kk * MR + w] = r[kk];
+            }
+        }
+    }
+
+    /// `c[j]` lane `i` = `r[i]` lane `j`.
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+        // Pairs of rows interleaved by 32 bits, then by 64 bits, within each 128-bit lane:
+        // u[4g + e] lane L holds rows 4g..4g + 4 at column 4L + e.
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (g, e) = (i / 4, i % 4);
+            let a = _mm512_castps_pd(t[4 * g + e / 2]);
+            let b = _mm512_castps_pd(t[4 * g + 2 + e / 2]);
+            _mm512_castpd_ps(if e % 2 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            })
+        });
+        // Then 128-bit lanes: column 4L + e gathers lane L of u[e], u[4 + e], u[8 + e],
+        // u[12 + e].
+        let mut c = [_mm512_setzero_ps(); 16];
+        for e in 0..4 {
+            let v = _mm512_shuffle_f32x4::<0x88>(u[e], u[4 + e]);
+            let w = _mm512_shuffle_f32x4::<0xdd>(u[e], u[4 + e]);
+            let x = _mm512_shuffle_f32x4::<0x88>(u[8 + e], u[12 + e]);
+            let y = _mm512_shuffle_f32x4::<0xdd>(u[8 + e], u[12 + e]);
+            c[e] = _mm512_shuffle_f32x4::<0x88>(v, x);
+            c[8 + e] = _mm512_shuffle_f32x4::<0xdd>(v, x);
+            c[4 + e] = _mm512_shuffle_f32x4::<0x88>(w, y);
+            c[12 + e] = _mm512_shuffle_f32x4::<0xdd>(w, y);
+        }
+        c
+    }
+
     /// [`super::micro_portable`] with 24 zmm accumulators, read from and written to the
     /// [`NR`] columns `c`.
     ///
@@ -478,7 +577,8 @@ mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     }
 
-    /// Runs the whole product as `grid`'s units, each with the given kernel.
+    /// Runs the whole product as the units of `nth` threads' grid, each with the given kernel;
+    /// `nth == 0`: as one unit (which then spans several weights blocks when `m` is large).
     fn product(
         kernel: Kernel,
         a: &[f32],
@@ -494,10 +594,13 @@ mod tests {
         let dm = MatF32::from_mut_slice(&mut out, m, n);
         let g = Grid::new(m, n, 1, nth);
         let mut ap = vec![f32::NAN; packed_a_len(m, k)];
-        pack_a(&am, &mut ap);
+        pack_a(kernel, &am, &mut ap);
         let mut bcopy = Vec::new();
-        for u in 0..g.units_per_matrix() {
-            let (rows, cols) = g.unit(u);
+        let units: Vec<_> = match nth {
+            0 => vec![(0..m, 0..n)],
+            _ => (0..g.units_per_matrix()).map(|u| g.unit(u)).collect(),
+        };
+        for (rows, cols) in units {
             // SAFETY: one unit at a time; `out` is not read while the units write it, and
             // does not overlap `b`.
             unsafe { gemm_unit(kernel, &dm, &ap, m, &bm, rows, cols, &mut bcopy) };
@@ -515,6 +618,7 @@ mod tests {
                 (384, 96, 16),
                 (800, 130, 77),
                 (1600, 96, 9),
+                (1600, 400, 20),
                 (37, 1, 1),
             ]
         };
@@ -533,7 +637,7 @@ mod tests {
             let mut kernels = vec![Kernel::Portable];
             kernels.extend(Kernel::best());
             for kernel in kernels {
-                let nths: &[usize] = if cfg!(miri) { &[2] } else { &[1, 2, 7] };
+                let nths: &[usize] = if cfg!(miri) { &[2] } else { &[0, 1, 2, 7] };
                 for &nth in nths {
                     let got = product(kernel, &a, &b, k, m, n, nth);
                     assert!(
@@ -544,6 +648,29 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn every_kernel_packs_the_same_floats() {
+        let Some(best) = Kernel::best() else {
+            return;
+        };
+        // Whole and short panels, one and several inner blocks.
+        for (k, m) in [(5, 50), (384, 96), (800, 130), (1000, 96), (1600, 97)] {
+            let mut s = (k * 31 + m) as u64;
+            let a: Vec<f32> = (0..k * m).map(|_| lcg(&mut s)).collect();
+            let am = MatF32::from_slice(&a, k, m);
+            let mut want = vec![f32::NAN; packed_a_len(m, k)];
+            pack_a(Kernel::Portable, &am, &mut want);
+            let mut got = vec![f32::NAN; packed_a_len(m, k)];
+            pack_a(best, &am, &mut got);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "k{k} m{m}"
+            );
         }
     }
 

@@ -326,7 +326,7 @@ impl Exec<'_> {
                 let am = a
                     .f32_matrix(mat % a.ne[2], mat / a.ne[2])
                     .ok_or_else(misaligned)?;
-                sgemm::pack_a_panel(&am, lines.clone(), ks.clone(), &mut out.lock());
+                sgemm::pack_a_panel(kernel, &am, lines.clone(), ks.clone(), &mut out.lock());
             }
             Ok(())
         });
