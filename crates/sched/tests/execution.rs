@@ -84,7 +84,7 @@ fn split_graph_equals_cpu_alone() {
 #[test]
 fn f16_weights_split_graph_equals_cpu_alone() {
     let mut cfg = Cfg::tiny(3);
-    cfg.wtype = graph::ElementType::F16;
+    cfg.wtype = "f16".into();
     run_steps(&cfg, TestDeviceConfig::named("D"), 1, 1, 3);
 }
 
