@@ -3,9 +3,9 @@
 //! only on the measuring thread, around the measured call only.
 
 use alloc_counter::{CountingAllocator, count_on_this_thread as counted};
-use graph::{Context, TensorId};
+use graph::Context;
 use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
-use test_fixtures::{FakeBufferType, LlamaConfig, LlamaModel};
+use test_fixtures::{FakeBufferType, LlamaConfig, LlamaModel, unplaced};
 
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator::THREAD;
@@ -33,13 +33,7 @@ fn steady_state_alloc_graph_does_not_allocate() {
     let _k = alloc_ctx_tensors(&mut ctx, model.kv_cache.iter().copied(), &kv).unwrap();
     let d = model.decode_graph(&mut ctx).unwrap();
     let g = &d.graph;
-    let planned: Vec<TensorId> = g
-        .nodes()
-        .iter()
-        .chain(g.leafs())
-        .copied()
-        .filter(|&t| !ctx[t].has_storage())
-        .collect();
+    let planned = unplaced(&ctx, g);
 
     // the counter does count
     let (_, n) = counted(|| std::hint::black_box(Box::new(7u64)));

@@ -45,14 +45,7 @@ impl Setup {
         let built = c.graph_file("bench").build().expect("graph");
         let sched = built.scheduler().expect("scheduler");
         let cp = built.ctx.checkpoint();
-        let g = &built.graph;
-        let unplaced = g
-            .nodes()
-            .iter()
-            .chain(g.leafs())
-            .copied()
-            .filter(|&t| built.ctx[t].storage().is_none())
-            .collect();
+        let unplaced = test_fixtures::unplaced(&built.ctx, &built.graph);
         let mut s = Setup {
             built,
             sched,

@@ -10,7 +10,7 @@
 //!   refusals and leak counters.
 //! * [`LlamaModel`] (module [`llama_model`]): a llama-shaped decode graph built in a context.
 //! * [`lifetimes`](lifetimes::lifetimes) and [`live_bytes_lower_bound`]: when each tensor
-//!   needs its bytes, independently of any allocator.
+//!   needs its bytes, independently of any allocator; [`unplaced`]: what an allocator places.
 //! * [`llama_file`]: a llama-shaped decode graph as a scheduler graph file, with placement
 //!   across CPU and GPUs; [`in_context::build`] builds such a file's graph into a context
 //!   with the weights in the caller's buffers (the scheduler's execution tests compute it).
@@ -37,5 +37,5 @@ pub mod llama_file;
 pub mod llama_model;
 
 pub use fake_buffer::{FakeBufferType, FakeMemoryStats};
-pub use lifetimes::{Lifetime, lifetimes, live_bytes_lower_bound};
+pub use lifetimes::{Lifetime, lifetimes, live_bytes_lower_bound, unplaced};
 pub use llama_model::{LlamaConfig, LlamaDecode, LlamaLayer, LlamaModel};
