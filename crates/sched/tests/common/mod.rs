@@ -11,7 +11,7 @@
 #![allow(dead_code)] // each test binary uses part of this module
 
 use backend_core::{
-    Backend, Buffer, BufferType, BufferUsage, tensor_alloc, tensor_get, tensor_set,
+    Backend, Buffer, BufferType, BufferUsage, Device, tensor_alloc, tensor_get, tensor_set,
 };
 use graph::{Context, ElementType, Graph, TensorId};
 use graph_alloc::GraphAllocator;
@@ -24,6 +24,13 @@ pub use test_fixtures::llama_file::LlamaConfig as Cfg;
 /// Where a group of weights lives: group 0 is the token embeddings, 1..=n_layer the layers
 /// (weights and KV cache), n_layer + 1 the output norm and projection.
 pub type Place<'a> = &'a dyn Fn(usize) -> BufferType;
+
+/// Token embeddings and layers 0..n_cpu on the CPU, the other layers and the output on `dev`
+/// (llama.cpp's partial offload).
+pub fn offload(cpu: &Backend, dev: &Device, n_cpu: usize) -> impl Fn(usize) -> BufferType + use<> {
+    let (c, d) = (cpu.default_buffer_type(), dev.buffer_type());
+    move |g| if g <= n_cpu { c.clone() } else { d.clone() }
+}
 
 /// A tiny deterministic generator (splitmix64).
 #[derive(Clone)]
