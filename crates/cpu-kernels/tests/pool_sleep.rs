@@ -8,46 +8,22 @@
 //! (`crates/llm/tests/no_alloc.rs`). This test is its own binary so that nothing else in the
 //! process has blocked before it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use alloc_counter::{CountingAllocator, allocations};
 use cpu_kernels::CpuCompute;
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to the system allocator with the same arguments; the counter
-// has no effect on the memory returned.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` above with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; `ptr` came from this allocator with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator::PROCESS;
 
 /// Allocations made by starting a two-thread engine and leaving it idle for long enough that
 /// its worker goes to sleep (it polls for about 20 µs first).
 fn allocations_of_an_engine_going_idle() -> usize {
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = allocations();
     let compute = CpuCompute::new(2);
     assert_eq!(compute.n_threads(), 2);
     std::thread::sleep(Duration::from_millis(50));
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = allocations() - before;
     drop(compute);
     n
 }

@@ -18,6 +18,7 @@ use graph::{Context, TensorId};
 use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
 use test_fixtures::{
     FakeBufferType, LlamaConfig, LlamaDecode, LlamaModel, lifetimes, live_bytes_lower_bound,
+    unplaced,
 };
 
 struct Setup {
@@ -43,13 +44,7 @@ fn setup(n_layer: usize) -> Setup {
         .unwrap();
     let decode = model.decode_graph(&mut ctx).unwrap();
     let g = &decode.graph;
-    let planned: Vec<TensorId> = g
-        .nodes()
-        .iter()
-        .chain(g.leafs())
-        .copied()
-        .filter(|&t| !ctx[t].has_storage())
-        .collect();
+    let planned = unplaced(&ctx, g);
     let life = lifetimes(&ctx, g.nodes(), g.leafs());
     let mut galloc = GraphAllocator::new(std::slice::from_ref(&compute));
     galloc.alloc_graph(&mut ctx, g).unwrap();

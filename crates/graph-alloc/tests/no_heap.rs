@@ -2,61 +2,13 @@
 //! graph) performs no heap allocation. Checked with a counting global allocator that counts
 //! only on the measuring thread, around the measured call only.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use graph::{Context, TensorId};
+use alloc_counter::{CountingAllocator, count_on_this_thread as counted};
+use graph::Context;
 use graph_alloc::{GraphAllocator, alloc_ctx_tensors};
-use test_fixtures::{FakeBufferType, LlamaConfig, LlamaModel};
-
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static ON: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note() {
-    if ON.with(Cell::get) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so the
-// caller's obligations are exactly `System`'s; counting touches no memory being managed.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: forwarded as is (see the impl's comment).
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use test_fixtures::{FakeBufferType, LlamaConfig, LlamaModel, unplaced};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    ALLOCS.store(0, Ordering::Relaxed);
-    ON.with(|c| c.set(true));
-    let r = f();
-    ON.with(|c| c.set(false));
-    (r, ALLOCS.load(Ordering::Relaxed))
-}
+static GLOBAL: CountingAllocator = CountingAllocator::THREAD;
 
 #[test]
 fn steady_state_alloc_graph_does_not_allocate() {
@@ -81,13 +33,7 @@ fn steady_state_alloc_graph_does_not_allocate() {
     let _k = alloc_ctx_tensors(&mut ctx, model.kv_cache.iter().copied(), &kv).unwrap();
     let d = model.decode_graph(&mut ctx).unwrap();
     let g = &d.graph;
-    let planned: Vec<TensorId> = g
-        .nodes()
-        .iter()
-        .chain(g.leafs())
-        .copied()
-        .filter(|&t| !ctx[t].has_storage())
-        .collect();
+    let planned = unplaced(&ctx, g);
 
     // the counter does count
     let (_, n) = counted(|| std::hint::black_box(Box::new(7u64)));

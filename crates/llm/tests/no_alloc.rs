@@ -15,36 +15,11 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use alloc_counter::{CountingAllocator, allocations};
 use llm::{Llama, LlamaOptions};
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to the system allocator with the same arguments; the counter
-// has no effect on the memory returned.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` above with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; `ptr` came from this allocator with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator::PROCESS;
 
 const WARM: u32 = 4;
 const STEPS: u32 = 16;
@@ -66,11 +41,11 @@ fn a_decode_step_after_warm_up_does_not_allocate() {
     for t in 0..WARM {
         llama.eval(&[t]).unwrap();
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = allocations();
     for t in 0..STEPS {
         llama.eval(&[t]).unwrap();
     }
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = allocations() - before;
     assert_eq!(n, 0, "{n} heap allocations in {STEPS} decode steps");
 }
 
@@ -95,10 +70,10 @@ fn a_smollm2_decode_step_after_warm_up_does_not_allocate() {
     for t in 0..16 {
         llama.eval(&[t + 100]).unwrap();
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = allocations();
     for t in 0..16 {
         llama.eval(&[t + 200]).unwrap();
     }
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = allocations() - before;
     assert_eq!(n, 0, "{n} heap allocations in 16 SmolLM2 decode steps");
 }

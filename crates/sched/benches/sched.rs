@@ -15,39 +15,17 @@
 
 #![allow(clippy::print_stdout, missing_docs)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use alloc_counter::{CountingAllocator, allocations};
 use criterion::{Criterion, criterion_group, criterion_main};
 use graph::{Checkpoint, TensorId};
 use sched::Scheduler;
 use sched::fixture::Built;
 use test_fixtures::llama_file::LlamaConfig;
 
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator::PROCESS;
 
 type Op = fn(&mut Setup);
 
@@ -67,14 +45,7 @@ impl Setup {
         let built = c.graph_file("bench").build().expect("graph");
         let sched = built.scheduler().expect("scheduler");
         let cp = built.ctx.checkpoint();
-        let g = &built.graph;
-        let unplaced = g
-            .nodes()
-            .iter()
-            .chain(g.leafs())
-            .copied()
-            .filter(|&t| built.ctx[t].storage().is_none())
-            .collect();
+        let unplaced = test_fixtures::unplaced(&built.ctx, &built.graph);
         let mut s = Setup {
             built,
             sched,
@@ -129,9 +100,9 @@ fn allocs_per_call(s: &mut Setup, f: fn(&mut Setup)) -> f64 {
     let mut total = 0;
     for _ in 0..n {
         s.fresh();
-        let a = ALLOCS.load(Ordering::Relaxed);
+        let a = allocations();
         f(s);
-        total += ALLOCS.load(Ordering::Relaxed) - a;
+        total += allocations() - a;
     }
     total as f64 / n as f64
 }

@@ -9,20 +9,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backend_core::{Backend, BufferType, Device};
 use common::{Cfg, Model, Reference};
 use graph::{Op, TensorId};
 use sched::Scheduler;
 use test_device::{TestDevice, TestDeviceConfig};
 
 const SEED: u64 = 42;
-
-/// Layers 0..n_cpu on the CPU, the rest and the output on `dev` (llama.cpp's partial
-/// offload); token embeddings on the CPU.
-fn offload(cpu: &Backend, dev: &Device, n_cpu: usize) -> impl Fn(usize) -> BufferType + use<> {
-    let (c, d) = (cpu.default_buffer_type(), dev.buffer_type());
-    move |g| if g <= n_cpu { c.clone() } else { d.clone() }
-}
 
 struct Setup {
     model: Model,
@@ -32,7 +24,7 @@ struct Setup {
 fn setup(cfg: &Cfg, dev_cfg: TestDeviceConfig, n_cpu: usize, n_copies: usize) -> Setup {
     let dev = TestDevice::create(dev_cfg).unwrap();
     let cpu = common::cpu(2);
-    let place = offload(&cpu, &dev, n_cpu);
+    let place = common::offload(&cpu, &dev, n_cpu);
     let model = Model::build(cfg, &place, SEED);
     let sched = Scheduler::with_copies(
         vec![dev.init_backend("").unwrap(), cpu],
@@ -84,7 +76,7 @@ fn split_graph_equals_cpu_alone() {
 #[test]
 fn f16_weights_split_graph_equals_cpu_alone() {
     let mut cfg = Cfg::tiny(3);
-    cfg.wtype = graph::ElementType::F16;
+    cfg.wtype = "f16".into();
     run_steps(&cfg, TestDeviceConfig::named("D"), 1, 1, 3);
 }
 

@@ -34,6 +34,32 @@ fn sandwich(cpu: &Backend, dev: &Device, n_layer: usize) -> impl Fn(usize) -> Bu
     }
 }
 
+/// `cfg`'s model placed by [`sandwich`] on a test device made from `dev_cfg` and a CPU
+/// backend of `threads` threads.
+fn sandwich_model(
+    cfg: &Cfg,
+    dev_cfg: TestDeviceConfig,
+    threads: usize,
+) -> (Device, Backend, Model) {
+    let dev = TestDevice::create(dev_cfg).unwrap();
+    let cpu = common::cpu(threads);
+    let m = Model::build(cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
+    (dev, cpu, m)
+}
+
+/// A scheduler over the device (backend 0) and `cpu` (backend 1), without pipeline copies.
+fn device_and(dev: &Device, cpu: Backend) -> Scheduler {
+    Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap()
+}
+
+/// A scheduler over the device and `cpu` with two pipeline copies and the reference limits.
+fn device_and_with_limits(dev: &Device, cpu: Backend) -> Scheduler {
+    let mut s =
+        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
+    s.set_reference_limits(true);
+    s
+}
+
 fn compute(s: &mut Scheduler, m: &mut Model, step: u64) -> Vec<u8> {
     s.alloc_graph(&mut m.ctx, &m.graph).unwrap();
     m.set_inputs(step);
@@ -138,11 +164,8 @@ impl BackendImpl for Flaky {
 #[test]
 fn compute_buffer_allocation_failure_is_typed_and_the_scheduler_recovers() {
     let cfg = Cfg::tiny(3);
-    let dev = TestDevice::create(TestDeviceConfig::named("D").memory(16 << 20)).unwrap();
-    let cpu = common::cpu(2);
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s =
-        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap();
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D").memory(16 << 20), 2);
+    let mut s = device_and(&dev, cpu);
     let mut reference = Reference::new(&cfg, SEED, &[]);
     // someone else takes all but 1 KiB of the device's memory: the compute buffer cannot fit
     let (free, _) = dev.memory();
@@ -174,22 +197,14 @@ fn compute_buffer_allocation_failure_is_typed_and_the_scheduler_recovers() {
 #[test]
 fn a_backend_failing_mid_graph_is_typed_and_the_scheduler_recovers() {
     let cfg = Cfg::tiny(3);
-    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
-    let cpu = common::cpu(2);
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D"), 2);
     let fail_at = Arc::new(AtomicUsize::new(0));
     let flaky = Backend::new(Flaky {
-        inner: cpu.clone(),
+        inner: cpu,
         calls: AtomicUsize::new(0),
         fail_at: fail_at.clone(),
     });
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s = Scheduler::new(
-        vec![dev.init_backend("").unwrap(), flaky],
-        None,
-        4096,
-        false,
-    )
-    .unwrap();
+    let mut s = device_and(&dev, flaky);
     let mut reference = Reference::new(&cfg, SEED, &[]);
     assert!(compute(&mut s, &mut m, 0) == reference.step(0));
     let on: Vec<usize> = s.splits().iter().map(|x| x.backend()).collect();
@@ -245,12 +260,8 @@ fn many_inputs(n: usize) -> (Context, Graph, Vec<TensorId>, TensorId) {
 #[test]
 fn too_many_graph_inputs_is_typed_and_the_scheduler_recovers() {
     let cfg = Cfg::tiny(3);
-    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
-    let cpu = common::cpu(2);
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s =
-        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
-    s.set_reference_limits(true);
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D"), 2);
+    let mut s = device_and_with_limits(&dev, cpu);
     let limit = sched::MAX_SPLIT_INPUTS;
     let (mut ctx, g, _, _) = many_inputs(limit + 1);
     assert_eq!(
@@ -284,11 +295,8 @@ fn too_many_graph_inputs_is_typed_and_the_scheduler_recovers() {
 #[test]
 fn user_assigned_backends_are_computed_end_to_end() {
     let cfg = Cfg::tiny(3);
-    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
-    let cpu = common::cpu(2);
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s =
-        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap();
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D"), 2);
+    let mut s = device_and(&dev, cpu);
     let mut reference = Reference::new(&cfg, SEED, &[]);
     // a device-weights node pinned to the CPU, a CPU-weights node pinned to the device
     let pins = [("kq_soft.1", 1usize), ("attn_out.2", 1), ("attn_out.0", 0)];
@@ -327,11 +335,8 @@ fn user_assigned_backends_are_computed_end_to_end() {
 #[test]
 fn backend_ids_changing_without_a_reset_replan_and_compute() {
     let cfg = Cfg::tiny(3);
-    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
-    let cpu = common::cpu(2);
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s =
-        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap();
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D"), 2);
+    let mut s = device_and(&dev, cpu);
     let mut reference = Reference::new(&cfg, SEED, &[]);
     let (a, b) = (m.id("kq_soft.1"), m.id("kq_soft.2"));
     let mut shape = None;
@@ -359,12 +364,8 @@ fn backend_ids_changing_without_a_reset_replan_and_compute() {
 #[test]
 fn compute_after_a_failed_alloc_replans() {
     let cfg = Cfg::tiny(3);
-    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
-    let cpu = common::cpu(2);
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s =
-        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
-    s.set_reference_limits(true);
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D"), 2);
+    let mut s = device_and_with_limits(&dev, cpu);
     let mut reference = Reference::new(&cfg, SEED, &[]);
     assert!(compute(&mut s, &mut m, 0) == reference.step(0));
     // the good graph allocated for the current copy, then a graph the limits reject
@@ -396,11 +397,8 @@ fn compute_after_a_failed_alloc_replans() {
 #[test]
 fn an_unassigned_split_input_is_typed_and_the_scheduler_recovers() {
     let cfg = Cfg::tiny(3);
-    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
-    let cpu = common::cpu(2);
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s =
-        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap();
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D"), 2);
+    let mut s = device_and(&dev, cpu);
     let mut ctx = Context::new();
     let dev_buf = dev.buffer_type().alloc_buffer(4096).unwrap();
     dev_buf.set_usage(backend_core::BufferUsage::Weights);
@@ -432,11 +430,8 @@ fn an_unassigned_split_input_is_typed_and_the_scheduler_recovers() {
 #[test]
 fn the_layout_of_a_plan_printed_against_another_context_does_not_panic() {
     let cfg = Cfg::tiny(2);
-    let dev = TestDevice::create(TestDeviceConfig::named("D")).unwrap();
-    let cpu = common::cpu(1);
-    let mut m = Model::build(&cfg, &sandwich(&cpu, &dev, cfg.n_layer), SEED);
-    let mut s =
-        Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap();
+    let (dev, cpu, mut m) = sandwich_model(&cfg, TestDeviceConfig::named("D"), 1);
+    let mut s = device_and(&dev, cpu);
     let mark = m.ctx.checkpoint();
     s.alloc_graph(&mut m.ctx, &m.graph).unwrap();
     assert!(s.splits().iter().any(|sp| !sp.inputs().is_empty()));

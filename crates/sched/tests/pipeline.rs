@@ -53,9 +53,8 @@ fn overlapping_computes_match_cpu_alone(n_copies: usize) {
     )
     .unwrap();
     let cpu = common::cpu(1);
-    let (c, d) = (cpu.default_buffer_type(), dev.buffer_type());
     // embeddings and layer 0 on the CPU; layer 1 and the output on the device
-    let place = move |g: usize| if g <= 1 { c.clone() } else { d.clone() };
+    let place = common::offload(&cpu, &dev, 1);
     let mut m = Model::build(&cfg, &place, 11);
     let dev_backend = dev.init_backend("").unwrap();
     let mut sched =

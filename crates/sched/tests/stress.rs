@@ -31,9 +31,8 @@ fn split_graph_with_pipeline_copies_and_latency_matches_cpu_alone_every_step() {
     )
     .unwrap();
     let cpu = common::cpu(2);
-    let (c, d) = (cpu.default_buffer_type(), dev.buffer_type());
     // embeddings and layers 0, 1 on the CPU; layers 2, 3 and the output on the device
-    let place = move |g: usize| if g <= 2 { c.clone() } else { d.clone() };
+    let place = common::offload(&cpu, &dev, 2);
     let mut m = Model::build(&cfg, &place, 7);
     let mut sched =
         Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 4).unwrap();

@@ -66,9 +66,8 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
     let cfg = Cfg::tiny(2);
     let dev = TestDevice::create(TestDeviceConfig::default()).unwrap();
     let cpu = common::cpu(2);
-    let (c, d) = (cpu.default_buffer_type(), dev.buffer_type());
     // layer 1 on the CPU, layer 2 and the output on the device: splits on both backends
-    let place = move |g: usize| if g <= 1 { c.clone() } else { d.clone() };
+    let place = common::offload(&cpu, &dev, 1);
     let mut model = Model::build(&cfg, &place, SEED);
     let mut sched =
         Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();

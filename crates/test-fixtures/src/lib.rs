@@ -10,9 +10,17 @@
 //!   refusals and leak counters.
 //! * [`LlamaModel`] (module [`llama_model`]): a llama-shaped decode graph built in a context.
 //! * [`lifetimes`](lifetimes::lifetimes) and [`live_bytes_lower_bound`]: when each tensor
-//!   needs its bytes, independently of any allocator.
+//!   needs its bytes, independently of any allocator; [`unplaced`]: what an allocator places.
 //! * [`llama_file`]: a llama-shaped decode graph as a scheduler graph file, with placement
-//!   across CPU and GPUs.
+//!   across CPU and GPUs; [`in_context::build`] builds such a file's graph into a context
+//!   with the weights in the caller's buffers (the scheduler's execution tests compute it).
+//!
+//! Why two llama generators: [`LlamaModel`] is the allocator's and the benchmark crate's
+//! workload (one token, `cont_shape`, up before gate: the graph whose node count, buffer size
+//! and timings against ggml `docs/benchmarks.md` records), while [`llama_file`] follows the
+//! node order, names and layout of the shared fixtures' ggml-written llama graphs, which the
+//! scheduler's snapshots and plans are read against. Merging them would change one of the
+//! two references.
 //!
 //! ```
 //! use test_fixtures::FakeBufferType;
@@ -23,10 +31,11 @@
 //! ```
 
 pub mod fake_buffer;
+pub mod in_context;
 pub mod lifetimes;
 pub mod llama_file;
 pub mod llama_model;
 
 pub use fake_buffer::{FakeBufferType, FakeMemoryStats};
-pub use lifetimes::{Lifetime, lifetimes, live_bytes_lower_bound};
+pub use lifetimes::{Lifetime, lifetimes, live_bytes_lower_bound, unplaced};
 pub use llama_model::{LlamaConfig, LlamaDecode, LlamaLayer, LlamaModel};

@@ -1,11 +1,41 @@
 //! [`lifetimes`] and [`live_bytes_lower_bound`]: an allocator-independent view of when each
-//! tensor needs its bytes.
+//! tensor needs its bytes; [`unplaced`]: which tensors an allocator has to place.
 //!
 //! Why: to check a graph allocator's plans (no two live tensors share bytes) and to measure
 //! how far a plan is from the least memory any plan could use, without trusting the
 //! allocator's own bookkeeping.
 
-use graph::{Context, Tensor, TensorFlags, TensorId};
+use graph::{Context, Graph, Tensor, TensorFlags, TensorId};
+
+/// The nodes and then the leafs of `graph` that have no storage yet: what an allocator places.
+/// Clearing their storage after an allocation makes the same graph read as a freshly built one
+/// of the same shape, as an application builds every step; the allocators' steady-state tests
+/// and benchmarks do that between calls.
+///
+/// ```
+/// use graph::{Context, ElementType, Graph};
+/// use graph_alloc::GraphAllocator;
+/// use test_fixtures::{FakeBufferType, unplaced};
+/// let mut ctx = Context::new();
+/// let a = ctx.new_tensor_1d(ElementType::F32, 8)?;
+/// let b = ctx.scale(a, 2.0)?;
+/// let mut g = Graph::new(8);
+/// g.build_forward_expand(&mut ctx, b)?;
+/// assert_eq!(unplaced(&ctx, &g), [b, a]);
+/// let buft = FakeBufferType::new("host", 32).into_buffer_type();
+/// GraphAllocator::new(&[buft]).alloc_graph(&mut ctx, &g)?;
+/// assert!(unplaced(&ctx, &g).is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn unplaced(ctx: &Context, graph: &Graph) -> Vec<TensorId> {
+    graph
+        .nodes()
+        .iter()
+        .chain(graph.leafs())
+        .copied()
+        .filter(|&t| !ctx[t].has_storage())
+        .collect()
+}
 
 /// When a tensor needs its bytes, in node positions: from `first` (−1 = before the first node:
 /// leafs and INPUT tensors, which the user fills before the graph runs) to `last` inclusive
