@@ -454,6 +454,16 @@ fn dot_group_scalar(group: &[u8], col: &[u8], nb: usize) -> [f32; GROUP_ROWS] {
     std::array::from_fn(|r| acc[0][r] + acc[1][r])
 }
 
+/// The f16 at index `i` of little-endian bytes `b`, as f32 (the portable kernels' scales).
+fn half(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32()
+}
+
+/// The f32 at index `i` of little-endian bytes `b` (the packed columns' scales).
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
 /// The kernels with intrinsics (see the module docs for the data flow).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86 {

@@ -18,7 +18,7 @@
 use crate::qdot::QK;
 use crate::quant::Isa;
 
-use super::GROUP_ROWS;
+use super::{GROUP_ROWS, f32_at, half};
 
 /// Bytes of one block index of a q4_1 group.
 pub(crate) const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * 20;
@@ -50,14 +50,6 @@ pub(crate) fn dot_group<const NC: usize>(
         }
         _ => cols.map(|c| dot_group_scalar(group, c, nb)),
     }
-}
-
-fn half(b: &[u8], i: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32()
-}
-
-fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
 /// [`dot_group`] for one column in portable code, in the module's order.

@@ -28,7 +28,7 @@
 use crate::qdot::{self, QK};
 use crate::quant::Isa;
 
-use super::GROUP_ROWS;
+use super::{GROUP_ROWS, f32_at, half};
 
 /// Bytes of a plain q8_0 block: an f16 scale and 32 quants.
 pub(crate) const BLOCK_BYTES: usize = 34;
@@ -105,14 +105,6 @@ pub(crate) fn dot_group<const NC: usize>(
         }
         _ => cols.map(|c| dot_group_scalar(group, c, nb)),
     }
-}
-
-fn half(b: &[u8], i: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32()
-}
-
-fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
 /// [`dot_group`] for one column in portable code, in the module's order (the lane sums as
