@@ -591,6 +591,23 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; every row holds `nb` `q8_0` blocks, every
     /// column is a packed column of `nb` blocks.
+    /// Block `b`'s 32 quants of the eight columns, two columns a register (columns 2p and
+    /// 2p + 1 in register p's low and high halves), as both tile kernels read them.
+    ///
+    /// # Safety
+    /// Block `b` of every column is inside it.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn col_quants(cp: &[Col; 8], b: usize) -> [__m512i; 4] {
+        // SAFETY: the 32 quants of block b of each column are inside it (caller's contract).
+        std::array::from_fn(|p| unsafe {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(cp[2 * p].qs.add(QK * b).cast())),
+                _mm256_loadu_si256(cp[2 * p + 1].qs.add(QK * b).cast()),
+            )
+        })
+    }
+
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn q8_0_tile_vnni(
         rows: [&[u8]; 8],
@@ -616,14 +633,7 @@ mod x86 {
                     // SAFETY: block b of every row (34 bytes at `off`) and of every column
                     // (32 quants) is inside them (caller's contract).
                     unsafe {
-                        let y: [__m512i; 4] = std::array::from_fn(|p| {
-                            _mm512_inserti64x4::<1>(
-                                _mm512_castsi256_si512(_mm256_loadu_si256(
-                                    cp[2 * p].qs.add(QK * b).cast(),
-                                )),
-                                _mm256_loadu_si256(cp[2 * p + 1].qs.add(QK * b).cast()),
-                            )
-                        });
+                        let y = col_quants(&cp, b);
                         if h == 0 {
                             for yp in &y {
                                 ymin = _mm512_min_epi8(ymin, *yp);
@@ -752,14 +762,7 @@ mod x86 {
                     // SAFETY: block b of every row (20 bytes at `off`) and of every column
                     // (32 quants) is inside them (caller's contract).
                     unsafe {
-                        let y: [__m512i; 4] = std::array::from_fn(|p| {
-                            _mm512_inserti64x4::<1>(
-                                _mm512_castsi256_si512(_mm256_loadu_si256(
-                                    cp[2 * p].qs.add(QK * b).cast(),
-                                )),
-                                _mm256_loadu_si256(cp[2 * p + 1].qs.add(QK * b).cast()),
-                            )
-                        });
+                        let y = col_quants(&cp, b);
                         for r in 0..4 {
                             let row = rp[4 * h + r];
                             if prefetch != 0 {
