@@ -368,66 +368,60 @@ impl Exec<'_> {
     ) -> Result<(), BackendError> {
         let (m, k) = (a.ne[1], a.ne[0]);
         let mblocks = m.div_ceil(MM_ROWS);
-        let (chunk, n_chunks) = (cols.nn, 1);
         let n_mats = dst.ne[2] * dst.ne[3] / cols.bh;
-        self.par_for_contiguous(
-            n_mats * n_chunks * mblocks,
-            MM_ROWS * k * chunk,
-            |units, ts| {
-                for u in units {
-                    let (mat, rest) = (u / (n_chunks * mblocks), u % (n_chunks * mblocks));
-                    let (cc, mb) = (rest / mblocks, rest % mblocks);
-                    let batch0 = mat * cols.bh;
-                    let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
-                    let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
-                    let nr = rows.len();
-                    let js = cc * chunk..((cc + 1) * chunk).min(cols.nn);
-                    let out = grow(&mut ts.c, nr * js.len());
-                    // One group of the repacked layout (the row count is a multiple of it).
-                    let group = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
-                    let col = |j: usize| {
-                        let c = batch0 * cols.n + js.start + j;
-                        &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
-                    };
-                    if a.ty == ElementType::Q4_1 {
-                        use crate::repack::q4_1::dot_group;
-                        mul_mat_group::<Q4_1_REPACK_COLS>(
-                            js.len(),
-                            nr,
-                            out,
-                            col,
-                            |c| dot_group(isa, group, c),
-                            |c| dot_group(isa, group, c),
-                        );
-                    } else if a.ty == ElementType::Q8_0 {
-                        use crate::repack::q8_0::dot_group;
-                        mul_mat_group::<Q8_0_REPACK_COLS>(
-                            js.len(),
-                            nr,
-                            out,
-                            col,
-                            |c| dot_group(isa, group, c),
-                            |c| dot_group(isa, group, c),
-                        );
-                    } else {
-                        use crate::repack::dot_group;
-                        mul_mat_group::<Q4_COLS>(
-                            js.len(),
-                            nr,
-                            out,
-                            col,
-                            |c| dot_group(isa, group, c),
-                            |c| dot_group(isa, group, c),
-                        );
-                    }
-                    for (o, jj) in out.chunks_exact(nr).zip(js) {
-                        let (h, j) = (jj / cols.n, jj % cols.n);
-                        dst.store_f32(rows.start, j, i2_0 + h, i3, o);
-                    }
+        self.par_for_contiguous(n_mats * mblocks, MM_ROWS * k * cols.nn, |units, ts| {
+            for u in units {
+                let (mat, mb) = (u / mblocks, u % mblocks);
+                let batch0 = mat * cols.bh;
+                let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
+                let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
+                let nr = rows.len();
+                let js = 0..cols.nn;
+                let out = grow(&mut ts.c, nr * js.len());
+                // One group of the repacked layout (the row count is a multiple of it).
+                let group = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
+                let col = |j: usize| {
+                    let c = batch0 * cols.n + js.start + j;
+                    &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
+                };
+                if a.ty == ElementType::Q4_1 {
+                    use crate::repack::q4_1::dot_group;
+                    mul_mat_group::<Q4_1_REPACK_COLS>(
+                        js.len(),
+                        nr,
+                        out,
+                        col,
+                        |c| dot_group(isa, group, c),
+                        |c| dot_group(isa, group, c),
+                    );
+                } else if a.ty == ElementType::Q8_0 {
+                    use crate::repack::q8_0::dot_group;
+                    mul_mat_group::<Q8_0_REPACK_COLS>(
+                        js.len(),
+                        nr,
+                        out,
+                        col,
+                        |c| dot_group(isa, group, c),
+                        |c| dot_group(isa, group, c),
+                    );
+                } else {
+                    use crate::repack::dot_group;
+                    mul_mat_group::<Q4_COLS>(
+                        js.len(),
+                        nr,
+                        out,
+                        col,
+                        |c| dot_group(isa, group, c),
+                        |c| dot_group(isa, group, c),
+                    );
                 }
-                Ok(())
-            },
-        )
+                for (o, jj) in out.chunks_exact(nr).zip(js) {
+                    let (h, j) = (jj / cols.n, jj % cols.n);
+                    dst.store_f32(rows.start, j, i2_0 + h, i3, o);
+                }
+            }
+            Ok(())
+        })
     }
 
     fn mul_mat_gemm(
