@@ -45,6 +45,18 @@ fn read(ctx: &Context, t: TensorId) -> Vec<u8> {
     v
 }
 
+/// Write `patch` at byte `off` of `w`, apply it to `want` (the plain bytes `w` should now
+/// hold), and check that the whole tensor and the patched range read back as `want`.
+fn write_and_read_back(ctx: &Context, w: TensorId, want: &mut [u8], off: usize, patch: &[u8]) {
+    let len = patch.len();
+    tensor_set(ctx, w, off, patch).unwrap();
+    want[off..off + len].copy_from_slice(patch);
+    assert_eq!(read(ctx, w), want, "write at {off}+{len}");
+    let mut part = vec![0u8; len];
+    tensor_get(ctx, w, off, &mut part).unwrap();
+    assert_eq!(part, want[off..off + len]);
+}
+
 #[test]
 fn the_repack_buffer_type_is_an_extra_buffer_type_of_the_cpu_device() {
     let buft = cpu_repack_buffer_type();
@@ -135,12 +147,7 @@ fn set_and_get_round_trip_whole_in_parts_and_after_fills() {
     .enumerate()
     {
         let patch = q4_bytes(10 + i as u64, len);
-        tensor_set(&ctx, w, off, &patch).unwrap();
-        want[off..off + len].copy_from_slice(&patch);
-        assert_eq!(read(&ctx, w), want, "write at {off}+{len}");
-        let mut part = vec![0u8; len];
-        tensor_get(&ctx, w, off, &mut part).unwrap();
-        assert_eq!(part, want[off..off + len]);
+        write_and_read_back(&ctx, w, &mut want, off, &patch);
     }
     tensor_memset(&ctx, w, 0xab, 19, 100).unwrap();
     want[19..119].fill(0xab);
@@ -261,12 +268,7 @@ fn round_trips_whole_and_in_parts(ty: ElementType) {
         .enumerate()
     {
         let patch = q4_bytes_of(ty, 20 + i as u64, len);
-        tensor_set(&ctx, w, off, &patch).unwrap();
-        want[off..off + len].copy_from_slice(&patch);
-        assert_eq!(read(&ctx, w), want, "write at {off}+{len}");
-        let mut part = vec![0u8; len];
-        tensor_get(&ctx, w, off, &mut part).unwrap();
-        assert_eq!(part, want[off..off + len]);
+        write_and_read_back(&ctx, w, &mut want, off, &patch);
     }
 }
 
