@@ -10,11 +10,15 @@
 //! * `f16_2op_noconv`: two 256-bit loads and two FMAs a line, six rows of four
 //!   accumulators (the f16 kernel's loop without its conversions: the least an f16 product
 //!   needs, as a line holds 32 elements and an FMA takes 16);
-//! * `f16_6rows`: the f16 kernel's loop (`vcvtph2ps` then FMA, six rows, 1 KiB ahead).
+//! * `f16_6rows`: the f16 kernel's loop (`vcvtph2ps` then FMA, six rows) as it was run
+//!   over groups of six consecutive rows, 1 KiB ahead: each group's six streams start cold;
+//! * `f16_strided`: the same loop as the product now runs it (the six rows of a call one
+//!   stride of eight rows apart in units of 48, 2 KiB ahead), its streams running on from
+//!   row to row.
 //!
 //! And `f16_product`: the crate's own one-column f16 product (MUL_MAT through
 //! `CpuCompute` on one thread, 8192 × 4096, as `matvec`'s `f16_8192x4096_x1`), whose inner
-//! loop `f16_6rows` copies: the gap between the two is what the product's path around that
+//! loop `f16_strided` copies: the gap between the two is what the product's path around that
 //! loop costs. And the crate's repacked q4_1 and q4_0 products (`CPU_REPACK`, one column, one
 //! thread) with their weights in L2 (`q4_1_repack_l2`, 8192 × 96, 480 KiB; `q4_0_repack_l2`,
 //! 8192 × 112, 504 KiB; 128 calls a timing, per-call costs included): how fast those
@@ -80,27 +84,37 @@ mod loops {
         _mm512_reduce_add_ps(total)
     }
 
-    /// Six f16 rows at a time, four accumulators a row, 1 KiB ahead; `CONV`: convert with
-    /// `vcvtph2ps` (the kernel), else use the 256 bits zero-extended as they are.
+    /// Six f16 rows at a time, four accumulators a row, `AHEAD` elements ahead; `CONV`:
+    /// convert with `vcvtph2ps` (the kernel), else use the 256 bits zero-extended as they
+    /// are. `B`: the rows go in blocks of `6 · B` (or of all `rows` where fewer), group `t`
+    /// of a block taking its rows `t + B·j`, so that a group's six rows are six contiguous
+    /// stretches of the block, each row's prefetch running on into the row after it; with
+    /// `B = 1` the groups are six consecutive rows.
     ///
     /// # Safety
-    /// AVX-512F and F16C; `w` holds `rows · ROW_BYTES` bytes (`rows` a multiple of 6),
-    /// `col` `ROW_BYTES / 2` floats.
+    /// AVX-512F and F16C; `w` holds `rows · ROW_BYTES` bytes (`rows` a multiple of `6 · B`
+    /// or of 6 and at most `6 · B`), `col` `ROW_BYTES / 2` floats.
     #[target_feature(enable = "avx512f,f16c,fma")]
-    pub unsafe fn f16_rows<const CONV: bool>(w: &[u8], rows: usize, col: &[f32]) -> f32 {
+    pub unsafe fn f16_rows<const CONV: bool, const B: usize, const AHEAD: usize>(
+        w: &[u8],
+        rows: usize,
+        col: &[f32],
+    ) -> f32 {
         let k = ROW_BYTES / 2;
+        let b = B.min(rows / 6);
         let mut total = _mm512_setzero_ps();
-        for g in (0..rows).step_by(6) {
+        for g in 0..rows / 6 {
+            let (block, t) = (g / b * 6 * b, g % b);
             let r: [*const u16; 6] =
-                std::array::from_fn(|j| w[(g + j) * ROW_BYTES..].as_ptr().cast());
+                std::array::from_fn(|j| w[(block + t + b * j) * ROW_BYTES..].as_ptr().cast());
             let mut a = [[_mm512_setzero_ps(); 4]; 6];
             for i in (0..k).step_by(64) {
                 // SAFETY: row j holds `k` f16 and `i + 64 <= k`; the column `k` floats.
                 // Prefetches never fault.
                 unsafe {
                     for &p in &r {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 512).cast());
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 544).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + AHEAD).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + AHEAD + 32).cast());
                     }
                     let y: [__m512; 4] =
                         std::array::from_fn(|j| _mm512_loadu_ps(col.as_ptr().add(i + 16 * j)));
@@ -157,8 +171,9 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let bytes = 64usize << 20;
-    // A multiple of 24 rows (for the six- and eight-row loops): 63.75 MiB.
-    let rows = bytes / ROW_BYTES / L2_ROWS * L2_ROWS;
+    // A multiple of 48 rows (for the six- and eight-row loops and the strided one's blocks):
+    // 63.75 MiB.
+    let rows = bytes / ROW_BYTES / 48 * 48;
     let dram_bytes = rows * ROW_BYTES;
     // 64-byte aligned rows, as the CPU buffer type places weights; 0x3c3c is 1.06 as f16.
     let words = vec![0x3c3c_3c3c_3c3c_3c3cu64; bytes / 8 + 8];
@@ -167,10 +182,11 @@ fn main() {
     let col = vec![0.5f32; ROW_BYTES / 2];
     let read = read_baseline::ReadBaseline::new(bytes);
     let l2_reps = rows / L2_ROWS;
-    let loops: [(&str, Loop); 3] = [
+    let loops: [(&str, Loop); 4] = [
         ("f32_1op", loops::f32_1op),
-        ("f16_2op_noconv", loops::f16_rows::<false>),
-        ("f16_6rows", loops::f16_rows::<true>),
+        ("f16_2op_noconv", loops::f16_rows::<false, 1, 512>),
+        ("f16_6rows", loops::f16_rows::<true, 1, 512>),
+        ("f16_strided", loops::f16_rows::<true, 8, 1024>),
     ];
     use graph::ElementType as T;
     let product = Product::new(T::F16, 8192, 4096, false);
@@ -192,7 +208,7 @@ fn main() {
         for ((_, f), tl) in loops.iter().zip(&mut t) {
             tl[0].push(fastest(|| {
                 // SAFETY: the CPU has the loops' features (checked above); `w` holds `rows`
-                // rows of ROW_BYTES (a multiple of 24 rows), `col` ROW_BYTES / 2 floats.
+                // rows of ROW_BYTES (a multiple of 48 rows), `col` ROW_BYTES / 2 floats.
                 black_box(unsafe { f(w, rows, &col) });
             }));
             tl[1].push(fastest(|| {

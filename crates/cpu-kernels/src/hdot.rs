@@ -260,11 +260,16 @@ fn vec_dot_f16(row: &[u8], col: &[f32]) -> f32 {
     sum as f32
 }
 
-/// How far ahead (in elements: 1 KiB of f16) [`rows_f16_avx512`] prefetches each row. One
-/// thread over 64 MiB of f16 weights (`benches/matvec.rs`, `BENCH_THREADS=1`): 512 bytes
-/// and 2 KiB were no better, without prefetch slower.
+/// How far ahead (in elements: 2 KiB of f16) [`rows_f16_avx512`] prefetches each row; past
+/// a row's end that is the start of the next row, which the executor's units read next in
+/// the same stream. One thread over 64 MiB of f16 weights (`benches/matvec.rs`,
+/// `BENCH_THREADS=1`, three alternated runs of 20 rounds on a loaded machine): 0.90 of the
+/// read (median of rounds) against 0.81 at 1 KiB; 1.5 KiB 0.89, 3 KiB 0.86, 4 KiB and 512
+/// bytes worse, `prefetcht1` (2, 4 or 8 KiB ahead) worse, `prefetchnta` no better, none at
+/// all slower. (Before the units ran their rows as continuous streams, 2 KiB was no better
+/// than 1 KiB.)
 #[cfg(all(target_arch = "x86_64", not(miri)))]
-const F16_PREFETCH: usize = 512;
+const F16_PREFETCH: usize = 1024;
 
 /// [`dot_rows_f16`] with 512-bit vectors: accumulator `(r, j)` is one vector, its lane
 /// `l` the portable accumulator `j`'s lane `l` of row `r`; each step converts 16 f16

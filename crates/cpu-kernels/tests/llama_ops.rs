@@ -442,8 +442,8 @@ fn reduce16(v: &[f32]) -> f32 {
 /// ggml's AVX-512 orders bit for bit — `ggml_vec_dot_f16` for one column (4 × 16 lanes over
 /// steps of 64, the rest in f64), llamafile's tinyBLAS for more (one 16-lane FMA chain),
 /// with the GQA broadcast of the query heads over the KV heads, and without it (one column
-/// per matrix: the kernel that reads the f16 rows in place, its row groups and units cut at
-/// row counts that are not a multiple of them).
+/// per matrix: the kernel that reads the f16 rows in place, its units of 48 rows read as six
+/// strided stretches, whole and cut at row counts that are not a multiple of them).
 #[test]
 fn f16_products_are_ggml_bit_for_bit() {
     let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
@@ -456,6 +456,8 @@ fn f16_products_are_ggml_bit_for_bit() {
             (256, 64, 3),
             (80, 40, 1),
             (200, 23, 1),
+            (64, 100, 1),
+            (136, 53, 1),
         ]
     };
     for &(k, m, n) in shapes {

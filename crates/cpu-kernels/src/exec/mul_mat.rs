@@ -6,9 +6,16 @@
 
 use super::*;
 
-/// Rows of a unit of one-column f16 products read in place: three of the kernel's groups
-/// of [`hdot::F16_ROWS`], so that no group of a unit repeats rows.
-const F16_UNIT_ROWS: usize = 3 * hdot::F16_ROWS;
+/// Rows of a unit of one-column f16 products read in place: eight calls of the kernel's
+/// [`hdot::F16_ROWS`] rows, call `t` taking rows `t, t + 8, .., t + 40` of the unit, so that
+/// the six rows a call reads side by side are six contiguous stretches of eight rows each,
+/// read from front to back through the unit's calls. Each row's prefetch then runs on into
+/// the row its stretch needs next, and the six streams restart cold once a unit instead of
+/// once a call, as with groups of six consecutive rows (three such groups a unit made the
+/// 64 MiB f16 mat-vec of `benches/matvec.rs` 0.82 of the read, median of rounds; these
+/// units 0.95, on two threads of a loaded machine; the `f16_strided` loop of
+/// `benches/stream_shape.rs` shows the same on one thread).
+const F16_UNIT_ROWS: usize = 8 * hdot::F16_ROWS;
 
 impl Exec<'_> {
     /// `packed`: `a` is q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of
@@ -172,18 +179,39 @@ impl Exec<'_> {
                         let cols = &packed_f32[batch * n * k..(batch + 1) * n * k];
                         mul_mat_tiles_f32(isa, &rws[..nr], cols, k, &mut out[h * n * nr..]);
                     }
+                } else if direct_f16 {
+                    // Call `t` reads rows `t + b·j` (see F16_UNIT_ROWS; a short last unit
+                    // has shorter stretches, and a call past the unit's end repeats its last
+                    // row and drops that result: a row's result does not depend on the other
+                    // rows of its call).
+                    let span = a.rows_bytes(rows.start, nr, a2, a3);
+                    let b = nr.div_ceil(hdot::F16_ROWS);
+                    let at = |t: usize, j: usize| (t + b * j).min(nr - 1);
+                    let c = batch0 * n;
+                    let col = &packed_f32[c * k..(c + 1) * k];
+                    for t in 0..b {
+                        let rs = std::array::from_fn(|j| {
+                            let o = at(t, j) * a.nb[1];
+                            &span[o..o + row_len]
+                        });
+                        let d = hdot::dot_rows_f16(rs, col);
+                        for (j, &v) in d.iter().enumerate() {
+                            if t + b * j < nr {
+                                out[t + b * j] = v;
+                            }
+                        }
+                    }
                 } else {
                     // Groups of weight rows share each column load (a short last group repeats
                     // its last row and drops the extra results; a row's result does not depend
                     // on the other rows of its group).
                     let group = match a.ty {
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
-                        ElementType::F16 if direct_f16 => hdot::F16_ROWS,
                         _ => F32_ROWS,
                     };
-                    // The unit's quantized (or in-place f16) rows, bounds-checked once (row
+                    // The unit's quantized rows, bounds-checked once (row
                     // `rows.start + i` is `row_len` bytes at `i · nb[1]`).
-                    let span = if group == ROWS || direct_f16 {
+                    let span = if group == ROWS {
                         a.rows_bytes(rows.start, nr, a2, a3)
                     } else {
                         &[]
@@ -232,12 +260,6 @@ impl Exec<'_> {
                                         put(j, &d);
                                     }
                                 }
-                            }
-                            ElementType::F16 if direct_f16 => {
-                                let c = batch0 * n;
-                                let col = &packed_f32[c * k..(c + 1) * k];
-                                let rs = std::array::from_fn(|r| qrow(row_of(r)));
-                                put(0, &hdot::dot_rows_f16(rs, col));
                             }
                             ElementType::F16 => {
                                 let rws: [&[f32]; F32_ROWS] =
