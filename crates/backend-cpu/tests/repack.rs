@@ -217,6 +217,10 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
             (256, 48, 9, 2),
             (4096, 64, 1, 1),
             (256, 32, 35, 1),
+            // Plain q4_0 units of 64 rows (four calls of sixteen rows a stride apart), and
+            // short units of three and one such calls.
+            (64, 112, 1, 1),
+            (96, 80, 6, 1),
         ]
     };
     for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {

@@ -182,8 +182,9 @@ mod hdot;
 mod math;
 mod mem;
 mod pool;
-mod qdot;
 #[cfg(all(target_arch = "x86_64", not(miri)))]
+mod q4tiles;
+mod qdot;
 mod qmv512;
 mod quant;
 pub mod repack;

@@ -659,7 +659,7 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Bytes of one plain q4_0 block.
@@ -680,7 +680,7 @@ mod tests {
     }
 
     /// Plain q4_0 rows with finite scales in [2^-8, 2), random quants; extremes in block 0.
-    fn plain_rows(seed: u64, k: usize, rows: usize) -> Vec<u8> {
+    pub(crate) fn plain_rows(seed: u64, k: usize, rows: usize) -> Vec<u8> {
         let mut v = bytes(seed, rows * k / QK * BLOCK);
         for (i, blk) in v.chunks_exact_mut(BLOCK).enumerate() {
             let e = 0x2000 | u16::from(blk[1] & 0x0f) << 10 | u16::from(blk[0]);
@@ -695,7 +695,7 @@ mod tests {
         v
     }
 
-    fn column(seed: u64, k: usize) -> Vec<u8> {
+    pub(crate) fn column(seed: u64, k: usize) -> Vec<u8> {
         let xs: Vec<f32> = bytes(seed, k)
             .iter()
             .enumerate()

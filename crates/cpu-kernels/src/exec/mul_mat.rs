@@ -5,6 +5,7 @@
 //! and threads are the executor's (`super`).
 
 use super::*;
+use crate::q4tiles;
 
 /// Rows of a unit of one-column f16 products read in place: eight calls of the kernel's
 /// [`hdot::F16_ROWS`] rows, call `t` taking rows `t, t + 8, .., t + 40` of the unit, so that
@@ -16,6 +17,31 @@ use super::*;
 /// units 0.95, on two threads of a loaded machine; the `f16_strided` loop of
 /// `benches/stream_shape.rs` shows the same on one thread).
 const F16_UNIT_ROWS: usize = 8 * hdot::F16_ROWS;
+
+/// The kernel calls over the `nn` columns of a q4_0 row group (`n` per head): four columns
+/// per call share the rows' unpacking, in fours from each head's first column (as without
+/// GQA), then one at a time. `call(j, four)` covers column `j` and, if `four`, the three
+/// after it.
+fn q4_column_calls(nn: usize, n: usize, mut call: impl FnMut(usize, bool)) {
+    for h in (0..nn).step_by(n) {
+        let mut j = h;
+        while j + Q4_COLS <= h + n {
+            call(j, true);
+            j += Q4_COLS;
+        }
+        for j in j..h + n {
+            call(j, false);
+        }
+    }
+}
+
+/// Rows of a unit of plain q4_0 products by the `q4tiles` kernel: four calls of sixteen
+/// rows, call `t` taking rows `t, t + 4, .., t + 60`, so that each of the sixteen streams a
+/// call reads runs on through four consecutive rows (as [`F16_UNIT_ROWS`]). From DRAM
+/// (8192 × 16384 weights, one thread, `benches/matvec.rs`, four alternated runs on a loaded
+/// machine) the product took 1.20–1.29 times the read's time with these units against
+/// 1.41–1.54 with units of sixteen consecutive rows.
+const Q4_UNIT_ROWS: usize = 4 * q4tiles::ROWS;
 
 impl Exec<'_> {
     /// `packed`: `a` is q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of
@@ -149,7 +175,15 @@ impl Exec<'_> {
             && nn == 1
             && a.rows_contiguous()
             && hdot::has_direct_f16();
-        let unit_rows = if direct_f16 { F16_UNIT_ROWS } else { MM_ROWS };
+        // Plain q4_0 rows where the CPU has the `q4tiles` kernel: units of [`Q4_UNIT_ROWS`].
+        let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
+        let unit_rows = if direct_f16 {
+            F16_UNIT_ROWS
+        } else if wide_q4 {
+            Q4_UNIT_ROWS
+        } else {
+            MM_ROWS
+        };
         let mblocks = m.div_ceil(unit_rows);
         let this = &*self;
         if packed {
@@ -220,7 +254,39 @@ impl Exec<'_> {
                         let o = (i - rows.start) * a.nb[1];
                         &span[o..o + row_len]
                     };
-                    for g0 in (0..nr).step_by(group) {
+                    // Plain q4_0 rows sixteen at a time where the CPU allows (`q4tiles`; the
+                    // same bits as the eight-row kernel): call `t` of the unit's first `wide`
+                    // rows reads rows `t + calls · j` (see Q4_UNIT_ROWS); the rest go below.
+                    let wide = if wide_q4 {
+                        nr / q4tiles::ROWS * q4tiles::ROWS
+                    } else {
+                        0
+                    };
+                    let calls = wide / q4tiles::ROWS;
+                    for t in 0..calls {
+                        let rws = &span[t * a.nb[1]..];
+                        let stride = calls * a.nb[1];
+                        let col = |j: usize| {
+                            let c = batch0 * n + j;
+                            &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                        };
+                        q4_column_calls(nn, n, |j, four| {
+                            let mut put = |c: usize, d: &[f32; q4tiles::ROWS]| {
+                                for (r, &v) in d.iter().enumerate() {
+                                    out[(j + c) * nr + t + calls * r] = v;
+                                }
+                            };
+                            if four {
+                                let cols = std::array::from_fn(|c| col(j + c));
+                                let d = q4tiles::dot_rows16::<Q4_COLS>(rws, stride, cols);
+                                d.iter().enumerate().for_each(|(c, d)| put(c, d));
+                            } else {
+                                let [d] = q4tiles::dot_rows16(rws, stride, [col(j)]);
+                                put(0, &d);
+                            }
+                        });
+                    }
+                    for g0 in (wide..nr).step_by(group) {
                         let g = (nr - g0).min(group);
                         let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
                         let mut put = |j: usize, d: &[f32]| {
@@ -242,24 +308,19 @@ impl Exec<'_> {
                                     let c = batch0 * n + j;
                                     &packed_q[c * col_bytes..(c + 1) * col_bytes]
                                 };
-                                // Four columns per call share the rows' unpacking (in
-                                // fours from each head's first column, as without GQA).
-                                for h in (0..nn).step_by(n) {
-                                    let mut j = h;
-                                    while j + Q4_COLS <= h + n {
+                                q4_column_calls(nn, n, |j, four| {
+                                    if four {
                                         let cols = std::array::from_fn(|c| col(j + c));
                                         let d =
                                             quant::dot_q4_0_q8_0_rows::<Q4_COLS>(isa, rws, cols);
                                         for (c, d) in d.iter().enumerate() {
                                             put(j + c, d);
                                         }
-                                        j += Q4_COLS;
-                                    }
-                                    for j in j..h + n {
+                                    } else {
                                         let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
                                         put(j, &d);
                                     }
-                                }
+                                });
                             }
                             ElementType::F16 => {
                                 let rws: [&[f32]; F32_ROWS] =

@@ -1,0 +1,405 @@
+//! Plain q4_0 rows (the layout of a file, of a mapped or any other buffer) against packed
+//! columns with AVX-512 VNNI and VBMI, sixteen rows a call in four tiles of four: the same
+//! bits as `quant`'s eight-row kernel and the repacked kernels.
+//!
+//! Why: the eight-row kernel spends most of its instructions collecting each row's scale
+//! and summing each row's products across lanes (`hadd`); from DRAM it ran at about a third
+//! of the read ceiling. Here the unit of work is four consecutive blocks of a row (72
+//! contiguous bytes, whose 64 quant bytes fill one register after one byte permute), and the
+//! lanes of the arithmetic are (block, row) pairs of a tile of four rows:
+//!
+//! * a row's register, 32-bit lane `4j + c`: quant bytes `4c .. 4c + 4` of block `j`; its
+//!   low and high nibbles against the column's matching bytes (two `dpbusd`) give the exact
+//!   partial sums of that lane;
+//! * the four rows of a tile are reduced together (two levels of `unpack` and add) so that
+//!   lane `4j + r` is the exact sum of block `j` of row `r`; minus the column's `8 · Σ q`,
+//!   converted, times `d_w · d_a` (the rows' scales are picked into the same lanes by two
+//!   word permutes and a blend);
+//! * the tile's accumulator is 256 bits: its lower 128-bit lane holds the four rows' even-
+//!   block sums and its upper lane the odd ones, so one FMA with the lower half of a step's
+//!   products (blocks 0 and 1) and one with its upper half (blocks 2 and 3) continue each
+//!   row's even and odd chains block by block, exactly as the plain kernels do.
+//!
+//! Every f32 operation is the plain kernels' (`d_w · d_a` rounded, one FMA per block into
+//! the even or odd accumulator, even + odd at the end) on the same exact integer sums.
+//!
+//! The four tiles advance side by side, step by step (sixteen streams from memory), with
+//! their accumulators in registers. The executor gives a call rows a stride apart so that
+//! each stream runs on through consecutive rows from call to call (`exec::mul_mat`).
+
+use crate::quant::{Q4_0_BYTES, QK};
+
+/// Rows of a call.
+pub(crate) const ROWS: usize = 16;
+
+/// Whether [`dot_rows16`] can run here: AVX-512 with VNNI and VBMI (asked once).
+pub(crate) fn available() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            crate::quant::has_avx512() && std::arch::is_x86_feature_detected!("avx512vbmi")
+        })
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    false
+}
+
+/// `out[c][r]` = plain q4_0 row `r` (`nb` blocks at `rows[r * stride ..]`) dotted with
+/// column `cols[c]` packed by `quant::quantize_q8_col` (`nb` blocks): the same bits as
+/// `quant::dot_q4_0_q8_0_rows` on the same rows. Only where [`available`].
+pub(crate) fn dot_rows16<const NC: usize>(
+    rows: &[u8],
+    stride: usize,
+    cols: [&[u8]; NC],
+) -> [[f32; ROWS]; NC] {
+    let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
+    let end = (ROWS - 1)
+        .checked_mul(stride)
+        .and_then(|o| o.checked_add(nb * Q4_0_BYTES));
+    assert!(
+        available()
+            && cols.iter().all(|c| c.len() == nb * (QK + 8))
+            && end.is_some_and(|end| end <= rows.len()),
+        "q4tiles::dot_rows16: short rows or column, or no AVX-512 VBMI (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
+        // `r * stride` inside `rows` and every column `nb` packed blocks (asserted above).
+        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    unreachable!("`available` is false without x86-64")
+}
+
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{QK, ROWS};
+    use crate::quant::Q4_0_BYTES;
+
+    /// Pointers to the parts of a packed column (`quant::quantize_q8_col`): `nb` blocks of
+    /// quants, then `nb` f32 scales, then `nb` i32 corrections `8 · Σ q`.
+    struct Col {
+        qs: *const u8,
+        ds: *const f32,
+        cs: *const i32,
+    }
+
+    impl Col {
+        fn new(col: &[u8], nb: usize) -> Col {
+            let base = col.as_ptr();
+            Col {
+                qs: base,
+                ds: base.wrapping_add(nb * QK).cast(),
+                cs: base.wrapping_add(nb * (QK + 4)).cast(),
+            }
+        }
+    }
+
+    /// Rows of a tile (see the module docs).
+    const TILE: usize = 4;
+    /// Blocks of a row per step.
+    const STEP: usize = 4;
+
+    /// How far ahead of the step being computed each row is prefetched, in bytes (and how
+    /// much of each row is prefetched before the loop). Measured from DRAM, 8192 × 16384
+    /// weights, one thread (`benches/matvec.rs`, `BENCH_THREADS=1`, alternated runs on a
+    /// loaded machine) with an earlier kernel of one block per step and sixteen-row units:
+    /// 3.6–3.8 ms with no prefetch before the loop and 512 bytes in it; 3.0–3.5 ms with 512
+    /// before and in it; with 256, 320, 384, 448 and 1024: 2.8–3.3, 2.7–3.2, 2.6–2.7,
+    /// 2.7–2.7 and 4.7–5.4 ms (the read of the same bytes 1.6–1.9 ms); prefetching into L2
+    /// instead was no better at 384 bytes and worse farther. With this kernel and the strided
+    /// units, 768 and 1536 bytes were no different from 384.
+    const PREFETCH: usize = 384;
+
+    /// The permutes' index vectors, made once per call.
+    struct Indices {
+        /// Byte `16j + q` of a row's register: quant byte `q` of block `j`, which is byte
+        /// `18j + 2 + q` of the step's 72 bytes: of the first 64 (one register), or of bytes
+        /// 56..72 (a second register, index `64 + byte − 56`).
+        quants: __m512i,
+        /// Word `4j + r` (`j < 4`): word `9j` (block `j`'s scale) of the first of two rows'
+        /// registers for even `r`, of the second (index `32 + 9j`) for odd `r`.
+        scales: __m512i,
+        /// 32-bit lane `4j + r` takes lane `j` (a block's value to its 128-bit lane).
+        spread: __m512i,
+    }
+
+    impl Indices {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+        fn new() -> Indices {
+            let quants: [u8; 64] = std::array::from_fn(|o| {
+                let src = 18 * (o / 16) + 2 + o % 16;
+                (if src < 64 { src } else { 64 + src - 56 }) as u8
+            });
+            let scales: [u16; 32] = std::array::from_fn(|w| {
+                let (j, r) = (w / 4 % 4, w % 4);
+                (9 * j + if r % 2 == 1 { 32 } else { 0 }) as u16
+            });
+            // SAFETY: both arrays are 64 bytes.
+            let (quants, scales) = unsafe {
+                (
+                    _mm512_loadu_si512(quants.as_ptr().cast()),
+                    _mm512_loadu_si512(scales.as_ptr().cast()),
+                )
+            };
+            Indices {
+                quants,
+                scales,
+                spread: _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+            }
+        }
+    }
+
+    /// A step's view of one packed column: the low-nibble and high-nibble partners of the
+    /// rows' registers, and each block's correction and scale in its 128-bit lane.
+    struct ColStep {
+        lo: __m512i,
+        hi: __m512i,
+        corr: __m512i,
+        dy: __m512,
+    }
+
+    /// Column `c` at blocks `b .. b + v` (`v` = 1..=4; lanes of missing blocks are zero).
+    ///
+    /// # Safety
+    /// The features of [`super::usable`]; blocks `b .. b + v` of the column exist.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn col_step(ix: &Indices, c: &Col, b: usize, v: usize) -> ColStep {
+        // SAFETY: the loads touch only blocks b .. b + v (caller's contract): whole when
+        // v = 4, masked to them otherwise.
+        let (l0, l1, corr, dy) = unsafe {
+            let q = c.qs.add(QK * b);
+            if v == STEP {
+                (
+                    _mm512_loadu_si512(q.cast()),
+                    _mm512_loadu_si512(q.add(64).cast()),
+                    _mm512_castsi128_si512(_mm_loadu_si128(c.cs.add(b).cast())),
+                    _mm512_castps128_ps512(_mm_loadu_ps(c.ds.add(b))),
+                )
+            } else {
+                let bytes = |from: usize| match (32 * v).saturating_sub(from) {
+                    0 => 0,
+                    n => u64::MAX >> (64 - n.min(64)),
+                };
+                let nv = (1u16 << v) - 1;
+                (
+                    _mm512_maskz_loadu_epi8(bytes(0), q.cast()),
+                    _mm512_maskz_loadu_epi8(bytes(64), q.wrapping_add(64).cast()),
+                    _mm512_maskz_loadu_epi32(nv, c.cs.add(b).cast()),
+                    _mm512_maskz_loadu_ps(nv, c.ds.add(b)),
+                )
+            }
+        };
+        ColStep {
+            lo: _mm512_shuffle_i32x4::<0b10_00_10_00>(l0, l1),
+            hi: _mm512_shuffle_i32x4::<0b11_01_11_01>(l0, l1),
+            corr: _mm512_permutexvar_epi32(ix.spread, corr),
+            dy: _mm512_permutexvar_ps(ix.spread, dy),
+        }
+    }
+
+    /// One step of a tile: blocks `b .. b + v` (`v` = 1..=4) of the four rows at `p`,
+    /// `p + stride`, .. (`p` at block `b`) into the tile's accumulators, one per column.
+    ///
+    /// # Safety
+    /// The features of [`super::usable`]; blocks `b .. b + v` of the four rows and of every
+    /// column exist.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn step<const NC: usize>(
+        ix: &Indices,
+        p: *const u8,
+        stride: usize,
+        cols: &[ColStep; NC],
+        v: usize,
+        acc: &mut [__m256; NC],
+    ) {
+        // SAFETY: the caller's contract; the row loads are masked to the step's 18·v bytes
+        // unless v = 4 (then all 72 exist); prefetches never fault.
+        let raw: [[__m512i; 2]; TILE] = std::array::from_fn(|r| unsafe {
+            let q = p.add(r * stride);
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH).cast());
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64).cast());
+            if v == STEP {
+                [
+                    _mm512_loadu_si512(q.cast()),
+                    _mm512_castsi128_si512(_mm_loadu_si128(q.add(56).cast())),
+                ]
+            } else {
+                [
+                    _mm512_maskz_loadu_epi8(u64::MAX >> (64 - 18 * v), q.cast()),
+                    _mm512_setzero_si512(),
+                ]
+            }
+        });
+        // Lane 4j + r: the scale of block j of row r, picked from rows 0 and 1 and from
+        // rows 2 and 3, merged.
+        let pair = |r: usize| _mm512_permutex2var_epi16(raw[r][0], ix.scales, raw[r + 1][0]);
+        let scales = _mm512_mask_blend_epi16(0xcccc_cccc, pair(0), pair(2));
+        let dx = _mm512_cvtph_ps(_mm512_castsi512_si256(scales));
+        let m4 = _mm512_set1_epi8(0x0f);
+        let x: [[__m512i; 2]; TILE] = std::array::from_fn(|r| {
+            let w = _mm512_permutex2var_epi8(raw[r][0], ix.quants, raw[r][1]);
+            [
+                _mm512_and_si512(w, m4),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4),
+            ]
+        });
+        // Blocks past the last (v < 4) are left out of the FMAs.
+        let lanes = u16::MAX >> (16 - 4 * v);
+        let (fma_lo, fma_hi) = (lanes as __mmask8, (lanes >> 8) as __mmask8);
+        for (acc, col) in acc.iter_mut().zip(cols) {
+            let z = _mm512_setzero_si512();
+            let s: [__m512i; TILE] = std::array::from_fn(|r| {
+                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x[r][0], col.lo), x[r][1], col.hi)
+            });
+            // Lane 4j + r: the sum of row r's four lanes of block j (exact).
+            let u0 = _mm512_add_epi32(
+                _mm512_unpacklo_epi32(s[0], s[1]),
+                _mm512_unpackhi_epi32(s[0], s[1]),
+            );
+            let u1 = _mm512_add_epi32(
+                _mm512_unpacklo_epi32(s[2], s[3]),
+                _mm512_unpackhi_epi32(s[2], s[3]),
+            );
+            let sums =
+                _mm512_add_epi32(_mm512_unpacklo_epi64(u0, u1), _mm512_unpackhi_epi64(u0, u1));
+            let sf = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, col.corr));
+            let d = _mm512_mul_ps(dx, col.dy);
+            let high = |v: __m512| {
+                _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(_mm512_castps_si512(v)))
+            };
+            // Blocks 0 and 1 (even, odd), then 2 and 3.
+            *acc = _mm256_mask3_fmadd_ps(
+                _mm512_castps512_ps256(d),
+                _mm512_castps512_ps256(sf),
+                *acc,
+                fma_lo,
+            );
+            *acc = _mm256_mask3_fmadd_ps(high(d), high(sf), *acc, fma_hi);
+        }
+    }
+
+    /// [`super::dot_rows16`].
+    ///
+    /// # Safety
+    /// The CPU must have the features of [`super::usable`]; row `r` must hold `nb` q4_0
+    /// blocks readable from `rows + r * stride`, and every column `nb` packed blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    pub(super) unsafe fn dot_rows16<const NC: usize>(
+        rows: *const u8,
+        stride: usize,
+        cols: [&[u8]; NC],
+        nb: usize,
+    ) -> [[f32; ROWS]; NC] {
+        let ix = Indices::new();
+        let c = cols.map(|col| Col::new(col, nb));
+        for r in 0..ROWS {
+            for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(r * stride + line).cast());
+            }
+        }
+        let full = nb / STEP * STEP;
+        let tile = |t: usize| rows.wrapping_add(TILE * t * stride);
+        let mut acc = [[_mm256_setzero_ps(); NC]; ROWS / TILE];
+        // Step by step, the four tiles side by side (sixteen streams).
+        macro_rules! tiles {
+            ($b:expr, $v:expr) => {{
+                let (b, v): (usize, usize) = ($b, $v);
+                // SAFETY: blocks b .. b + v of the rows and the columns exist (the caller's
+                // contract, b + v <= nb).
+                unsafe {
+                    let cs: [ColStep; NC] = std::array::from_fn(|i| col_step(&ix, &c[i], b, v));
+                    let [a0, a1, a2, a3] = &mut acc;
+                    step(&ix, tile(0).add(b * Q4_0_BYTES), stride, &cs, v, a0);
+                    step(&ix, tile(1).add(b * Q4_0_BYTES), stride, &cs, v, a1);
+                    step(&ix, tile(2).add(b * Q4_0_BYTES), stride, &cs, v, a2);
+                    step(&ix, tile(3).add(b * Q4_0_BYTES), stride, &cs, v, a3);
+                }
+            }};
+        }
+        for b in (0..full).step_by(STEP) {
+            tiles!(b, STEP);
+        }
+        if full < nb {
+            tiles!(full, nb - full);
+        }
+        let mut out = [[0.0f32; ROWS]; NC];
+        for (t, acc) in acc.iter().enumerate() {
+            for (o, a) in out.iter_mut().zip(acc) {
+                let sum = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
+                // SAFETY: `o` holds sixteen floats, four from 4t.
+                unsafe { _mm_storeu_ps(o.as_mut_ptr().add(TILE * t), sum) };
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{self, Isa, ROWS};
+    use crate::repack::tests::{column, plain_rows};
+    const ROWS16: usize = super::ROWS;
+
+    /// Sixteen rows `stride` bytes apart (the gaps filled with junk), from `rows` of
+    /// `row_len` bytes each.
+    fn spaced(rows: &[u8], row_len: usize, stride: usize) -> Vec<u8> {
+        let mut v = vec![0xa5u8; 15 * stride + row_len];
+        for (r, row) in rows.chunks_exact(row_len).enumerate() {
+            v[r * stride..r * stride + row_len].copy_from_slice(row);
+        }
+        v
+    }
+
+    #[test]
+    fn sixteen_plain_rows_have_the_bits_of_the_eight_row_kernel() {
+        if !available() {
+            // No AVX-512 VNNI: the dispatch never calls this kernel.
+            return;
+        }
+        for nb in [1, 2, 7, 33] {
+            let k = nb * QK;
+            let row_len = nb * Q4_0_BYTES;
+            let rows = plain_rows(nb as u64, k, ROWS16);
+            let cols: Vec<Vec<u8>> = (0..4).map(|c| column(40 + c, k)).collect();
+            let col = |c: usize| &cols[c][..];
+            // What the eight-row kernel gives, portable code: `want[c][r]`.
+            let want: Vec<[f32; ROWS16]> = (0..4)
+                .map(|c| {
+                    let mut w = [0.0f32; ROWS16];
+                    for h in 0..2 {
+                        let rr: [&[u8]; ROWS] = std::array::from_fn(|j| {
+                            let r = 8 * h + j;
+                            &rows[r * row_len..(r + 1) * row_len]
+                        });
+                        let [d] = quant::dot_q4_0_q8_0_rows(Isa::Scalar, rr, [col(c)]);
+                        w[8 * h..8 * h + 8].copy_from_slice(&d);
+                    }
+                    w
+                })
+                .collect();
+            for gap in [0, 6, 64] {
+                let stride = row_len + gap;
+                let v = spaced(&rows, row_len, stride);
+                let bits = |d: &[f32; ROWS16]| d.map(f32::to_bits);
+                let [one] = dot_rows16(&v, stride, [col(2)]);
+                assert_eq!(bits(&one), bits(&want[2]), "nb {nb} gap {gap}, one column");
+                let four = dot_rows16(&v, stride, [col(0), col(1), col(2), col(3)]);
+                for (c, d) in four.iter().enumerate() {
+                    assert_eq!(
+                        bits(d),
+                        bits(&want[c]),
+                        "nb {nb} gap {gap}, column {c} of 4"
+                    );
+                }
+            }
+        }
+    }
+}
