@@ -79,25 +79,7 @@ mod x86 {
 
     use super::{QK, ROWS};
     use crate::quant::Q4_0_BYTES;
-
-    /// Pointers to the parts of a packed column (`quant::quantize_q8_col`): `nb` blocks of
-    /// quants, then `nb` f32 scales, then `nb` i32 corrections `8 · Σ q`.
-    struct Col {
-        qs: *const u8,
-        ds: *const f32,
-        cs: *const i32,
-    }
-
-    impl Col {
-        fn new(col: &[u8], nb: usize) -> Col {
-            let base = col.as_ptr();
-            Col {
-                qs: base,
-                ds: base.wrapping_add(nb * QK).cast(),
-                cs: base.wrapping_add(nb * (QK + 4)).cast(),
-            }
-        }
-    }
+    use crate::repack::x86::{Col, col_parts};
 
     /// Rows of a tile (see the module docs).
     const TILE: usize = 4;
@@ -298,7 +280,7 @@ mod x86 {
         nb: usize,
     ) -> [[f32; ROWS]; NC] {
         let ix = Indices::new();
-        let c = cols.map(|col| Col::new(col, nb));
+        let c = cols.map(|col| col_parts(col, nb));
         for r in 0..ROWS {
             for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(r * stride + line).cast());

@@ -466,7 +466,7 @@ fn f32_at(b: &[u8], i: usize) -> f32 {
 
 /// The kernels with intrinsics (see the module docs for the data flow).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     use super::{GROUP_BLOCK_BYTES, GROUP_ROWS, QK};
@@ -477,15 +477,16 @@ mod x86 {
     /// the read ceiling, with 24 at 0.68–0.89 (noisy machine); in cache it cost at most 2 %.
     const PREFETCH: usize = 24 * GROUP_BLOCK_BYTES;
 
-    /// Pointers to the parts of a packed column (`quant::quantize_q8_col`).
+    /// Pointers to the parts of a packed column (`quant::quantize_q8_col`): `nb` blocks of
+    /// quants, `nb` f32 scales, `nb` i32 corrections `8 · Σ q` (also read by `q4tiles`).
     #[derive(Copy, Clone)]
-    struct Col {
-        qs: *const u8,
-        ds: *const f32,
-        cs: *const i32,
+    pub(crate) struct Col {
+        pub(crate) qs: *const u8,
+        pub(crate) ds: *const f32,
+        pub(crate) cs: *const i32,
     }
 
-    fn col_parts(col: &[u8], nb: usize) -> Col {
+    pub(crate) fn col_parts(col: &[u8], nb: usize) -> Col {
         let base = col.as_ptr();
         Col {
             qs: base,
