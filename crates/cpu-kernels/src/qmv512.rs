@@ -23,11 +23,11 @@
 //! (`qdot::dot_q8_0_rows16`): the plain blocks are transposed in registers into the
 //! repacked kernel's register contents (`repack::q8_0`) and computed as it does. In L1 its
 //! arithmetic is no cheaper than two eight-row calls (7.8 against 7.3 ns per sixteen-row
-//! block), but streaming weights from memory it keeps closer to the read: one thread,
-//! 8192 × 8192, 0.91–0.96 of the read's bandwidth (median of rounds) against 0.75–0.89
-//! (`benches/matvec.rs`, `BENCH_THREADS=1`). The same transposition for `q4_1` (16-byte
-//! quants; its header dword transposed along) was no faster than [`q4_1_rows8`], so
-//! `q4_1` stays at eight rows.
+//! block without prefetching), but it keeps the weights streaming better: one thread, the
+//! SmolLM2 output head (576 × 49152, `benches/kernels.rs`) 0.81–0.85 ms against 1.16–1.23,
+//! 8192 × 8192 (`benches/matvec.rs`) 1.99–2.08 ms against 2.12–2.32 (median of rounds).
+//! The same transposition for `q4_1` (16-byte quants) was no faster than [`q4_1_rows8`],
+//! so `q4_1` stays at eight rows.
 
 use std::arch::x86_64::*;
 
@@ -324,6 +324,7 @@ pub(crate) unsafe fn q8_0_rows16(
     let mut ymin = _mm256_setzero_si256();
     let mut acc = [_mm512_setzero_ps(); 8];
     let mut bases = [[0i32; 8]; PASS];
+    let mut pf_at = 0usize;
     for b0 in (0..nb).step_by(PASS) {
         let blocks = b0..nb.min(b0 + PASS);
         for (b, bl) in blocks.clone().zip(&mut bases) {
@@ -345,11 +346,15 @@ pub(crate) unsafe fn q8_0_rows16(
         }
         for (b, bl) in blocks.zip(&bases) {
             let off = b * Q8_0_BYTES;
-            if prefetch != 0 {
+            // One prefetch per 64 bytes of each row (every cache line asked for once, not
+            // about twice as with one per 34-byte block): the SmolLM2 output head
+            // (576 × 49152, one thread) took 0.81–0.85 ms against 0.87–0.91.
+            if prefetch != 0 && off + Q8_0_BYTES > pf_at {
                 for p in &rp {
                     // A prefetch never faults; the address may lie past the row.
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + prefetch).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
                 }
+                pf_at += 64;
             }
             // SAFETY: block b of every row (34 bytes at `off`) and of the column is inside
             // them (caller's contract).
