@@ -19,15 +19,15 @@
 //! `qdot::dot_rows` sends eight-row, one-column calls here when the CPU has the features;
 //! its tests compare every level against the portable kernels.
 //!
-//! `q8_0` decode steps go sixteen rows at a time to [`q8_0_rows16`] instead
-//! (`qdot::dot_q8_0_rows16`): the plain blocks are transposed in registers into the
-//! repacked kernel's register contents (`repack::q8_0`) and computed as it does. In L1 its
-//! arithmetic is no cheaper than two eight-row calls (7.8 against 7.3 ns per sixteen-row
-//! block without prefetching), but it keeps the weights streaming better: one thread, the
-//! SmolLM2 output head (576 × 49152, `benches/kernels.rs`) 0.81–0.85 ms against 1.16–1.23,
-//! 8192 × 8192 (`benches/matvec.rs`) 1.99–2.08 ms against 2.12–2.32 (median of rounds).
-//! The same transposition for `q4_1` (16-byte quants) was no faster than [`q4_1_rows8`],
-//! so `q4_1` stays at eight rows.
+//! Decode steps go sixteen rows at a time to [`q8_0_rows16`] and [`q4_1_rows16`] instead
+//! (`qdot::dot_rows16`): the plain blocks are transposed in registers into the repacked
+//! kernels' register contents (`repack::q8_0`, `repack::q4_1`) and computed as those do. In
+//! L1 their arithmetic is no cheaper than two eight-row calls (q8_0: 7.8 against 7.3 ns per
+//! sixteen-row block without prefetching; q4_1 6.9 against 6.9), but they keep weights
+//! streaming better. One thread (`BENCH_THREADS=1`, median of rounds, alternated runs on a
+//! loaded machine): the SmolLM2 output head (q8_0 576 × 49152, `benches/kernels.rs`)
+//! 0.81–0.85 ms against 1.16–1.23, its q4_1 decode-step products 2.43–2.52 ms against
+//! 3.00–3.25; 8192 × 8192 q8_0 (`benches/matvec.rs`) 1.99–2.08 ms against 2.12–2.32.
 
 use std::arch::x86_64::*;
 
@@ -396,6 +396,87 @@ pub(crate) unsafe fn q8_0_rows16(
     Some(std::array::from_fn(|r| lanes[lane_row(r)]))
 }
 
+/// `q4_1` rows against one packed column, sixteen rows at a time: `[row · col; 16]`.
+///
+/// As [`q8_0_rows16`]: each row's 32 bytes from its block's start (the `d`, `m` header
+/// dword, then the four quant dwords) are transposed in registers ([`transpose16x8`]), so
+/// that register `1 + c` holds the repacked kernel's (`repack::q4_1`) chunk `c` (its low
+/// nibbles lane `c` of the plain order, its high nibbles lane `4 + c`) and register 0 the
+/// sixteen rows' scales and minimums, and then computed as that kernel does. The last
+/// block, whose 32 bytes would run 12 bytes past the row, is read from copies.
+///
+/// # Safety
+/// The CPU has the [`available`] features; every row holds `nb` `q4_1` blocks and `col` is a
+/// packed column of `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q4_1_rows16(
+    rows: [&[u8]; ROWS16],
+    col: &[u8],
+    nb: usize,
+    prefetch: usize,
+) -> [f32; ROWS16] {
+    let rp = rows.map(<[u8]>::as_ptr);
+    let (qs, ds, ss) = column(col, nb);
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut summs = _mm512_setzero_ps();
+    // Each row's last block with room for a 32-byte read.
+    let mut last = [[0u8; 32]; ROWS16];
+    if let Some(start) = nb.checked_sub(1).map(|b| b * Q4_1_BYTES) {
+        for (l, r) in last.iter_mut().zip(&rows) {
+            l[..Q4_1_BYTES].copy_from_slice(&r[start..start + Q4_1_BYTES]);
+        }
+    }
+    let lp: [*const u8; ROWS16] = std::array::from_fn(|r| last[r].as_ptr());
+    // The header dwords' low halves (`d`) to the lower 256 bits, high halves (`m`) upper.
+    let split = _mm512_set_epi16(
+        31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24, 22, 20, 18, 16,
+        14, 12, 10, 8, 6, 4, 2, 0,
+    );
+    let mut pf_at = 0usize;
+    for b in 0..nb {
+        let off = b * Q4_1_BYTES;
+        // One prefetch per 64 bytes of each row (as `q4_1_rows8`).
+        if prefetch != 0 && off + Q4_1_BYTES > pf_at {
+            for p in &rp {
+                // A prefetch never faults; the address may lie past the row.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
+            }
+            pf_at += 64;
+        }
+        // SAFETY: before the last block, 32 bytes at `off` lie inside every row (`20 · b +
+        // 32 ≤ 20 · nb` for `b ≤ nb − 2`, the caller's contract); the copies hold 32 bytes;
+        // block b of the column is inside it.
+        unsafe {
+            let x = if b + 1 < nb {
+                transpose16x8(&rp, off)
+            } else {
+                transpose16x8(&lp, 0)
+            };
+            let h = _mm512_permutexvar_epi16(split, x[0]);
+            let dx = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+            let mx = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h));
+            summs = _mm512_fmadd_ps(mx, _mm512_set1_ps(ss.add(b).read_unaligned()), summs);
+            let d = _mm512_mul_ps(dx, _mm512_set1_ps(ds.add(b).read_unaligned()));
+            let q = qs.add(QK * b);
+            for (l, a) in acc.iter_mut().enumerate() {
+                let xl = if l < 4 {
+                    _mm512_and_si512(x[1 + l], m4)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(x[l - 3]), m4)
+                };
+                let y = _mm512_set1_epi32(q.add(4 * l).cast::<i32>().read_unaligned());
+                let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xl, y);
+                *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), *a);
+            }
+        }
+    }
+    let mut lanes = [0.0f32; ROWS16];
+    // SAFETY: `lanes` holds sixteen floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(hsum8x16(&acc), summs)) };
+    std::array::from_fn(|r| lanes[lane_row(r)])
+}
+
 #[cfg(test)]
 mod tests {
     use crate::qdot::{WeightKind, col_bytes, dot_rows, quantize_col, quantize_q4_1};
@@ -469,61 +550,78 @@ mod tests {
         }
     }
 
-    /// Sixteen q8_0 rows against one column (`qdot::dot_q8_0_rows16`): every level gives the
-    /// portable eight-row kernel's bits, with extreme weight bytes, over one to three passes
-    /// of column bases, and with a column that holds the quant −128 in the first or the last
-    /// block (where the sixteen-row kernel declines and two eight-row calls run).
+    /// Sixteen rows against one column (`qdot::dot_rows16`): every level gives the portable
+    /// eight-row kernel's bits, for q4_1 (all-15 and all-0 blocks, the last block read
+    /// from copies) and q8_0 (extreme weight bytes, one to three passes of column bases, and
+    /// a column holding the quant −128 in the first or the last block, where the kernel
+    /// declines and two eight-row calls run).
     #[test]
-    fn sixteen_q8_0_rows_one_column_match_every_level() {
-        use crate::qdot::{Q8_0_BYTES, ROWS16, dot_q8_0_rows16};
-        for nb in [1usize, 2, 3, 18, 64, 130] {
-            let k = nb * crate::qdot::QK;
-            let rows: Vec<Vec<u8>> = (0..ROWS16 as u64)
-                .map(|r| {
-                    let mut v = vec![0u8; nb * Q8_0_BYTES];
-                    crate::quant::quantize_q8_0(&values(r + 11, k), &mut v);
+    fn sixteen_rows_one_column_match_every_level() {
+        use crate::qdot::{Q4_1_BYTES, Q8_0_BYTES, ROWS16, dot_rows16};
+        for kind in [WeightKind::Q4_1, WeightKind::Q8_0] {
+            let bb = match kind {
+                WeightKind::Q4_1 => Q4_1_BYTES,
+                WeightKind::Q8_0 => Q8_0_BYTES,
+            };
+            for nb in [1usize, 2, 3, 18, 64, 130] {
+                let k = nb * crate::qdot::QK;
+                let rows: Vec<Vec<u8>> = (0..ROWS16)
+                    .map(|r| {
+                        let mut v = vec![0u8; nb * bb];
+                        let x = values(r as u64 + 11, k);
+                        match kind {
+                            WeightKind::Q4_1 => {
+                                quantize_q4_1(&x, &mut v);
+                                let b = (r * 7) % nb;
+                                v[b * bb + 4..(b + 1) * bb].fill(if r % 2 == 0 { 0xff } else { 0 });
+                            }
+                            WeightKind::Q8_0 => {
+                                crate::quant::quantize_q8_0(&x, &mut v);
+                                for b in 0..nb {
+                                    let q = &mut v[b * bb + 2..(b + 1) * bb];
+                                    q[(r + b) % 32] = 0x80;
+                                    q[(r + 5 * b + 3) % 32] = 0x7f;
+                                    // Row 0 negative where a poisoned column byte goes.
+                                    if r == 0 {
+                                        q[b % 32] = 0xff;
+                                    }
+                                }
+                            }
+                        }
+                        v
+                    })
+                    .collect();
+                for poison in [None, Some(0), Some(nb - 1)] {
+                    let mut col = vec![0u8; col_bytes(k)];
+                    quantize_col(&values(nb as u64 + 99, k), &mut col);
                     for b in 0..nb {
-                        let q = &mut v[b * Q8_0_BYTES + 2..(b + 1) * Q8_0_BYTES];
-                        q[(r as usize + b) % 32] = 0x80;
-                        q[(r as usize + 5 * b + 3) % 32] = 0x7f;
-                        // Row 0 negative where the poisoned column byte goes.
-                        if r == 0 {
-                            q[b % 32] = 0xff;
+                        col[b * 32 + (b + 9) % 32] = 0x7f;
+                        col[b * 32 + (b + 3) % 32] = 0x81;
+                        if col[b * 32 + b % 32] == 0x80 {
+                            col[b * 32 + b % 32] = 0x81;
                         }
                     }
-                    v
-                })
-                .collect();
-            for poison in [None, Some(0), Some(nb - 1)] {
-                let mut col = vec![0u8; col_bytes(k)];
-                quantize_col(&values(nb as u64 + 99, k), &mut col);
-                for b in 0..nb {
-                    col[b * 32 + (b + 9) % 32] = 0x7f;
-                    col[b * 32 + (b + 3) % 32] = 0x81;
-                    if col[b * 32 + b % 32] == 0x80 {
-                        col[b * 32 + b % 32] = 0x81;
+                    if let Some(b) = poison {
+                        col[b * 32 + b % 32] = 0x80;
                     }
-                }
-                if let Some(b) = poison {
-                    col[b * 32 + b % 32] = 0x80;
-                }
-                let rr: [&[u8]; ROWS16] = std::array::from_fn(|j| &rows[j][..]);
-                let mut want = [0u32; ROWS16];
-                for h in 0..2 {
-                    let half: [&[u8]; 8] = std::array::from_fn(|j| rr[8 * h + j]);
-                    let [d] = dot_rows(Isa::Scalar, WeightKind::Q8_0, half, [&col[..]], 0);
-                    for j in 0..8 {
-                        want[8 * h + j] = d[j].to_bits();
+                    let rr: [&[u8]; ROWS16] = std::array::from_fn(|j| &rows[j][..]);
+                    let mut want = [0u32; ROWS16];
+                    for h in 0..2 {
+                        let half: [&[u8]; 8] = std::array::from_fn(|j| rr[8 * h + j]);
+                        let [d] = dot_rows(Isa::Scalar, kind, half, [&col[..]], 0);
+                        for j in 0..8 {
+                            want[8 * h + j] = d[j].to_bits();
+                        }
                     }
-                }
-                for isa in Isa::available() {
-                    for prefetch in [0, 16 * Q8_0_BYTES * nb] {
-                        let got = dot_q8_0_rows16(isa, rr, &col, prefetch);
-                        assert_eq!(
-                            got.map(f32::to_bits),
-                            want,
-                            "{isa:?} nb={nb} poison={poison:?}"
-                        );
+                    for isa in Isa::available() {
+                        for prefetch in [0, 16 * bb * nb] {
+                            let got = dot_rows16(isa, kind, rr, &col, prefetch);
+                            assert_eq!(
+                                got.map(f32::to_bits),
+                                want,
+                                "{isa:?} {kind:?} nb={nb} poison={poison:?}"
+                            );
+                        }
                     }
                 }
             }

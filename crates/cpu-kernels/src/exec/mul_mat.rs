@@ -129,7 +129,7 @@ impl Exec<'_> {
         } else {
             0
         };
-        // The sixteen-row q8_0 kernel's next call is sixteen rows on.
+        // The sixteen-row kernels' next call is sixteen rows on.
         let qdot16_prefetch = qdot::ROWS16 / ROWS * qdot_prefetch;
         // The `bh` query heads that share one matrix of `a` (GQA: `r2` of them) go in one
         // unit, so that its rows are read (and for f16, converted) once for all of them: the
@@ -178,9 +178,8 @@ impl Exec<'_> {
                     // Groups of weight rows share each column load (a short last group repeats
                     // its last row and drops the extra results; a row's result does not depend
                     // on the other rows of its group).
-                    // One column (a decode step) of q8_0: sixteen rows per call. (q4_1 stays
-                    // at eight: its sixteen-row kernels were no faster.)
-                    let wide = ggml_order == Some(qdot::WeightKind::Q8_0) && nn == 1;
+                    // One column (a decode step) of q4_1 or q8_0: sixteen rows per call.
+                    let wide = ggml_order.is_some() && nn == 1;
                     let group = match a.ty {
                         _ if wide => qdot::ROWS16,
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
@@ -204,12 +203,12 @@ impl Exec<'_> {
                         let mut put = |j: usize, d: &[f32]| {
                             out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                         };
-                        if wide {
+                        if let (Some(kind), true) = (ggml_order, wide) {
                             let rws: [&[u8]; qdot::ROWS16] =
                                 std::array::from_fn(|j| qrow(row_of(j)));
                             let c = batch0 * n;
                             let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                            put(0, &qdot::dot_q8_0_rows16(isa, rws, col, qdot16_prefetch));
+                            put(0, &qdot::dot_rows16(isa, kind, rws, col, qdot16_prefetch));
                             continue;
                         }
                         if let Some(kind) = ggml_order {
