@@ -121,7 +121,10 @@
 //!   512-bit register, `dpbusd` for the exact four-byte lane sums, the eight rows' block
 //!   scales converted and multiplied in one vector. The AVX2 kernel spilled its eight rows'
 //!   state to the stack on every block. Same operations per row in the same order, so the
-//!   same bits as the AVX2 and portable kernels (its test compares all three).
+//!   same bits as the AVX2 and portable kernels (its test compares all three). One-column
+//!   products go sixteen rows per call to its transposing kernels (the plain blocks
+//!   rearranged in registers into the repacked kernels' register contents), which keep the
+//!   weights streaming closer to the read than two eight-row calls.
 //! * **`half`** converts f16/bf16: it is the standard crate for these types, exact in both
 //!   directions (round to nearest even), and uses the F16C instructions when the CPU has them.
 //!   Slices of f16 (KV-cache rows read, the V-cache column written per decode step) go

@@ -302,6 +302,52 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
     }
 }
 
+/// Rows per [`dot_rows16`] call.
+pub(crate) const ROWS16: usize = 16;
+
+/// Sixteen weight rows dotted with one packed column (a decode step): [`dot_rows`]'s
+/// products, bit for bit.
+///
+/// With AVX-512 VNNI the rows' blocks are transposed in registers so that sixteen rows
+/// share each instruction (`qmv512::q8_0_rows16`, `qmv512::q4_1_rows16`); elsewhere, and
+/// for `q8_0` against a column holding the quant −128, it is two eight-row [`dot_rows`]
+/// calls. `prefetch` as for [`dot_rows`] (sixteen row lengths ahead is the next call's
+/// block).
+pub(crate) fn dot_rows16(
+    isa: crate::quant::Isa,
+    kind: WeightKind,
+    rows: [&[u8]; ROWS16],
+    col: &[u8],
+    prefetch: usize,
+) -> [f32; ROWS16] {
+    let nb = col.len() / (QK + 8);
+    assert!(
+        col.len() == nb * (QK + 8) && rows.iter().all(|r| r.len() >= nb * kind.block_bytes()),
+        "qdot::dot_rows16: short row or column (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if isa == crate::quant::Isa::Avx512 && crate::qmv512::available() {
+        // SAFETY: the CPU has the kernels' features (checked above); every row holds `nb`
+        // blocks of `kind` and the column is a packed column of `nb` blocks (asserted above).
+        let d = unsafe {
+            match kind {
+                WeightKind::Q4_1 => Some(crate::qmv512::q4_1_rows16(rows, col, nb, prefetch)),
+                WeightKind::Q8_0 => crate::qmv512::q8_0_rows16(rows, col, nb, prefetch),
+            }
+        };
+        if let Some(d) = d {
+            return d;
+        }
+    }
+    let mut out = [0.0f32; ROWS16];
+    for (h, o) in out.chunks_exact_mut(ROWS16 / 2).enumerate() {
+        let rs: [&[u8]; ROWS16 / 2] = std::array::from_fn(|r| rows[h * ROWS16 / 2 + r]);
+        let [d] = dot_rows(isa, kind, rs, [col], prefetch);
+        o.copy_from_slice(&d);
+    }
+    out
+}
+
 /// Rows and columns of a [`dot_tile`] call.
 pub(crate) const TILE: usize = 8;
 

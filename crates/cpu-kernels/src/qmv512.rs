@@ -18,10 +18,20 @@
 //!
 //! `qdot::dot_rows` sends eight-row, one-column calls here when the CPU has the features;
 //! its tests compare every level against the portable kernels.
+//!
+//! Decode steps go sixteen rows at a time to [`q8_0_rows16`] and [`q4_1_rows16`] instead
+//! (`qdot::dot_rows16`): the plain blocks are transposed in registers into the repacked
+//! kernels' register contents (`repack::q8_0`, `repack::q4_1`) and computed as those do. In
+//! L1 their arithmetic is no cheaper than two eight-row calls (q8_0: 7.8 against 7.3 ns per
+//! sixteen-row block without prefetching; q4_1 6.9 against 6.9), but they keep weights
+//! streaming better. One thread (`BENCH_THREADS=1`, median of rounds, alternated runs on a
+//! loaded machine): the SmolLM2 output head (q8_0 576 × 49152, `benches/kernels.rs`)
+//! 0.81–0.85 ms against 1.16–1.23, its q4_1 decode-step products 2.43–2.52 ms against
+//! 3.00–3.25; 8192 × 8192 q8_0 (`benches/matvec.rs`) 1.99–2.08 ms against 2.12–2.32.
 
 use std::arch::x86_64::*;
 
-use crate::qdot::{Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::qdot::{Q4_1_BYTES, Q8_0_BYTES, QK, ROWS16};
 
 /// Rows per call.
 pub(crate) const ROWS: usize = 8;
@@ -97,14 +107,19 @@ pub(crate) unsafe fn q4_1_rows8(
     let idx: [__m512i; 4] = std::array::from_fn(|p| pair_index(p as i32, 2));
     let mut acc = [_mm512_setzero_ps(); ROWS / 2];
     let mut summs = _mm512_setzero_ps();
+    let mut pf_at = 0usize;
     for b in 0..nb {
         let off = b * Q4_1_BYTES;
-        // Every other block: 40 bytes apart, so every cache line of the rows is asked for.
-        if prefetch != 0 && b % 2 == 0 {
+        // One prefetch per 64 bytes of each row, every cache line asked for once (one per
+        // other block, 40 bytes apart, asked for most lines twice): 8192 × 16384 one
+        // thread 0.79–0.86 of the read (median of rounds) against 0.80–0.82, two threads
+        // 0.80–1.05 against 0.61–0.79 (`benches/matvec.rs`, a loaded machine).
+        if prefetch != 0 && off + Q4_1_BYTES > pf_at {
             for p in &rp {
                 // A prefetch never faults; the address may lie past the row.
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + prefetch).cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
             }
+            pf_at += 64;
         }
         // SAFETY: block b of every row (20 bytes at `off`) and of the column (32 quants, one
         // scale, one sum) is inside them (caller's contract).
@@ -222,6 +237,246 @@ pub(crate) unsafe fn q8_0_rows8(
     out
 }
 
+/// The row in lane `l` of [`transpose16x8`]'s registers (rows 4..8 and 8..12 swap places;
+/// the permutation is its own inverse).
+#[inline(always)]
+const fn lane_row(l: usize) -> usize {
+    match l / 4 {
+        1 => l + 4,
+        2 => l - 4,
+        _ => l,
+    }
+}
+
+/// Sixteen rows' 32 bytes at `off` transposed to dwords: register `c` holds dword `c` of row
+/// [`lane_row`]`(l)` in lane `l`. Rows `i` and `i + 8` share a register (one per 256-bit
+/// half), an 8 × 8 dword transpose within each half (`unpack` of dwords, then of qwords,
+/// then a 128-bit shuffle) leaves lane `l` with row `lane_row(l)`.
+///
+/// # Safety
+/// 32 bytes at `off` must be readable in every row.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn transpose16x8(rp: &[*const u8; ROWS16], off: usize) -> [__m512i; 8] {
+    // SAFETY: 32 readable bytes at `off` in every row (caller's contract).
+    let z: [__m512i; 8] = std::array::from_fn(|i| unsafe { two_rows_32(rp[i], rp[i + 8], off) });
+    let t: [__m512i; 8] = std::array::from_fn(|j| {
+        if j % 2 == 0 {
+            _mm512_unpacklo_epi32(z[j], z[j + 1])
+        } else {
+            _mm512_unpackhi_epi32(z[j - 1], z[j])
+        }
+    });
+    // u[4h + c]: dword c (128-bit lanes 0, 2) and c + 4 (lanes 1, 3) of rows 4h..4h + 4
+    // (lanes 0, 1) and 8 + 4h.. (lanes 2, 3).
+    let u: [__m512i; 8] = std::array::from_fn(|i| {
+        let (h, c) = (i / 4, i % 4);
+        let (a, b) = (t[4 * h + c / 2], t[4 * h + 2 + c / 2]);
+        if c % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    std::array::from_fn(|c| {
+        if c < 4 {
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(u[c], u[c + 4])
+        } else {
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(u[c - 4], u[c])
+        }
+    })
+}
+
+/// ggml's `hsum_float_8` order across eight registers of sixteen rows' lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum8x16(a: &[__m512; 8]) -> __m512 {
+    _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+        _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+    )
+}
+
+/// `q8_0` rows against one packed column, sixteen rows at a time: `[row · col; 16]`, or
+/// `None` when the column holds the quant −128.
+///
+/// The rows' blocks are transposed in registers ([`transpose16x8`]) into what the repacked
+/// kernel (`repack::q8_0`) loads from memory, lane `l` of register `c` holding dword `c` of
+/// row [`lane_row`]`(l)`'s quants (the scales gathered in the same lane order), and then
+/// computed as it does: `dpbusd` of the weights offset by 128 against the column's four
+/// bytes (broadcast), from a start of `−128 · Σ y`, which is the sign trick's exact sum
+/// except where a column byte is −128 and the weight negative; there the caller runs
+/// [`q8_0_rows8`] instead. One FMA per lane of the plain order serves sixteen rows, and the
+/// final sums are the plain order's additions across the eight registers.
+///
+/// # Safety
+/// The CPU has the [`available`] features; every row holds `nb` `q8_0` blocks and `col` is a
+/// packed column of `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q8_0_rows16(
+    rows: [&[u8]; ROWS16],
+    col: &[u8],
+    nb: usize,
+    prefetch: usize,
+) -> Option<[f32; ROWS16]> {
+    /// Blocks per pass: the column's lane bases of a pass are computed first, into memory,
+    /// so that each is one broadcast load.
+    const PASS: usize = 64;
+    let rp = rows.map(<[u8]>::as_ptr);
+    let (qs, ds, _) = column(col, nb);
+    let bias = _mm512_set1_epi8(-128);
+    let bias8 = _mm256_set1_epi8(-128);
+    let mut ymin = _mm256_setzero_si256();
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut bases = [[0i32; 8]; PASS];
+    let mut pf_at = 0usize;
+    for b0 in (0..nb).step_by(PASS) {
+        let blocks = b0..nb.min(b0 + PASS);
+        for (b, bl) in blocks.clone().zip(&mut bases) {
+            // SAFETY: block b < nb of the column exists (caller's contract); `bl` holds
+            // eight i32.
+            unsafe {
+                let yb = _mm256_loadu_si256(qs.add(QK * b).cast());
+                ymin = _mm256_min_epi8(ymin, yb);
+                // −128 · (the sum of each lane's four column bytes).
+                let base = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias8, yb),
+                );
+                _mm256_storeu_si256(bl.as_mut_ptr().cast(), base);
+            }
+        }
+        if _mm256_movemask_epi8(_mm256_cmpeq_epi8(ymin, bias8)) != 0 {
+            return None;
+        }
+        for (b, bl) in blocks.zip(&bases) {
+            let off = b * Q8_0_BYTES;
+            // One prefetch per 64 bytes of each row (every cache line asked for once, not
+            // about twice as with one per 34-byte block): the SmolLM2 output head
+            // (576 × 49152, one thread) took 0.81–0.85 ms against 0.87–0.91.
+            if prefetch != 0 && off + Q8_0_BYTES > pf_at {
+                for p in &rp {
+                    // A prefetch never faults; the address may lie past the row.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
+                }
+                pf_at += 64;
+            }
+            // SAFETY: block b of every row (34 bytes at `off`) and of the column is inside
+            // them (caller's contract).
+            unsafe {
+                // The sixteen scales in lane order, four to a 64-bit word, in general
+                // registers (`black_box`: else the compiler builds the vector with sixteen
+                // `vpinsrw`, which cost 5 % more per block in L1).
+                let hdr =
+                    |l: usize| u64::from(rp[lane_row(l)].add(off).cast::<u16>().read_unaligned());
+                let four = |l: usize| {
+                    std::hint::black_box(
+                        (hdr(l) | hdr(l + 1) << 16 | hdr(l + 2) << 32 | hdr(l + 3) << 48) as i64,
+                    )
+                };
+                let scales = _mm256_setr_epi64x(four(0), four(4), four(8), four(12));
+                let x = transpose16x8(&rp, off + 2);
+                let q = qs.add(QK * b);
+                let d = _mm512_mul_ps(
+                    _mm512_cvtph_ps(scales),
+                    _mm512_set1_ps(ds.add(b).read_unaligned()),
+                );
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let y = _mm512_set1_epi32(q.add(4 * l).cast::<i32>().read_unaligned());
+                    let xl = _mm512_xor_si512(x[l], bias);
+                    let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(bl[l]), xl, y);
+                    *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), *a);
+                }
+            }
+        }
+    }
+    let mut lanes = [0.0f32; ROWS16];
+    // SAFETY: `lanes` holds sixteen floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), hsum8x16(&acc)) };
+    Some(std::array::from_fn(|r| lanes[lane_row(r)]))
+}
+
+/// `q4_1` rows against one packed column, sixteen rows at a time: `[row · col; 16]`.
+///
+/// As [`q8_0_rows16`]: each row's 32 bytes from its block's start (the `d`, `m` header
+/// dword, then the four quant dwords) are transposed in registers ([`transpose16x8`]), so
+/// that register `1 + c` holds the repacked kernel's (`repack::q4_1`) chunk `c` (its low
+/// nibbles lane `c` of the plain order, its high nibbles lane `4 + c`) and register 0 the
+/// sixteen rows' scales and minimums, and then computed as that kernel does. The last
+/// block, whose 32 bytes would run 12 bytes past the row, is read from copies.
+///
+/// # Safety
+/// The CPU has the [`available`] features; every row holds `nb` `q4_1` blocks and `col` is a
+/// packed column of `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q4_1_rows16(
+    rows: [&[u8]; ROWS16],
+    col: &[u8],
+    nb: usize,
+    prefetch: usize,
+) -> [f32; ROWS16] {
+    let rp = rows.map(<[u8]>::as_ptr);
+    let (qs, ds, ss) = column(col, nb);
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut summs = _mm512_setzero_ps();
+    // Each row's last block with room for a 32-byte read.
+    let mut last = [[0u8; 32]; ROWS16];
+    if let Some(start) = nb.checked_sub(1).map(|b| b * Q4_1_BYTES) {
+        for (l, r) in last.iter_mut().zip(&rows) {
+            l[..Q4_1_BYTES].copy_from_slice(&r[start..start + Q4_1_BYTES]);
+        }
+    }
+    let lp: [*const u8; ROWS16] = std::array::from_fn(|r| last[r].as_ptr());
+    // The header dwords' low halves (`d`) to the lower 256 bits, high halves (`m`) upper.
+    let split = _mm512_set_epi16(
+        31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24, 22, 20, 18, 16,
+        14, 12, 10, 8, 6, 4, 2, 0,
+    );
+    let mut pf_at = 0usize;
+    for b in 0..nb {
+        let off = b * Q4_1_BYTES;
+        // One prefetch per 64 bytes of each row (as `q4_1_rows8`).
+        if prefetch != 0 && off + Q4_1_BYTES > pf_at {
+            for p in &rp {
+                // A prefetch never faults; the address may lie past the row.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
+            }
+            pf_at += 64;
+        }
+        // SAFETY: before the last block, 32 bytes at `off` lie inside every row (`20 · b +
+        // 32 ≤ 20 · nb` for `b ≤ nb − 2`, the caller's contract); the copies hold 32 bytes;
+        // block b of the column is inside it.
+        unsafe {
+            let x = if b + 1 < nb {
+                transpose16x8(&rp, off)
+            } else {
+                transpose16x8(&lp, 0)
+            };
+            let h = _mm512_permutexvar_epi16(split, x[0]);
+            let dx = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+            let mx = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h));
+            summs = _mm512_fmadd_ps(mx, _mm512_set1_ps(ss.add(b).read_unaligned()), summs);
+            let d = _mm512_mul_ps(dx, _mm512_set1_ps(ds.add(b).read_unaligned()));
+            let q = qs.add(QK * b);
+            for (l, a) in acc.iter_mut().enumerate() {
+                let xl = if l < 4 {
+                    _mm512_and_si512(x[1 + l], m4)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(x[l - 3]), m4)
+                };
+                let y = _mm512_set1_epi32(q.add(4 * l).cast::<i32>().read_unaligned());
+                let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xl, y);
+                *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), *a);
+            }
+        }
+    }
+    let mut lanes = [0.0f32; ROWS16];
+    // SAFETY: `lanes` holds sixteen floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(hsum8x16(&acc), summs)) };
+    std::array::from_fn(|r| lanes[lane_row(r)])
+}
+
 #[cfg(test)]
 mod tests {
     use crate::qdot::{WeightKind, col_bytes, dot_rows, quantize_col, quantize_q4_1};
@@ -289,6 +544,84 @@ mod tests {
                             base[0].map(f32::to_bits),
                             "{isa:?} {kind:?} nb={nb}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sixteen rows against one column (`qdot::dot_rows16`): every level gives the portable
+    /// eight-row kernel's bits, for q4_1 (all-15 and all-0 blocks, the last block read
+    /// from copies) and q8_0 (extreme weight bytes, one to three passes of column bases, and
+    /// a column holding the quant −128 in the first or the last block, where the kernel
+    /// declines and two eight-row calls run).
+    #[test]
+    fn sixteen_rows_one_column_match_every_level() {
+        use crate::qdot::{Q4_1_BYTES, Q8_0_BYTES, ROWS16, dot_rows16};
+        for kind in [WeightKind::Q4_1, WeightKind::Q8_0] {
+            let bb = match kind {
+                WeightKind::Q4_1 => Q4_1_BYTES,
+                WeightKind::Q8_0 => Q8_0_BYTES,
+            };
+            for nb in [1usize, 2, 3, 18, 64, 130] {
+                let k = nb * crate::qdot::QK;
+                let rows: Vec<Vec<u8>> = (0..ROWS16)
+                    .map(|r| {
+                        let mut v = vec![0u8; nb * bb];
+                        let x = values(r as u64 + 11, k);
+                        match kind {
+                            WeightKind::Q4_1 => {
+                                quantize_q4_1(&x, &mut v);
+                                let b = (r * 7) % nb;
+                                v[b * bb + 4..(b + 1) * bb].fill(if r % 2 == 0 { 0xff } else { 0 });
+                            }
+                            WeightKind::Q8_0 => {
+                                crate::quant::quantize_q8_0(&x, &mut v);
+                                for b in 0..nb {
+                                    let q = &mut v[b * bb + 2..(b + 1) * bb];
+                                    q[(r + b) % 32] = 0x80;
+                                    q[(r + 5 * b + 3) % 32] = 0x7f;
+                                    // Row 0 negative where a poisoned column byte goes.
+                                    if r == 0 {
+                                        q[b % 32] = 0xff;
+                                    }
+                                }
+                            }
+                        }
+                        v
+                    })
+                    .collect();
+                for poison in [None, Some(0), Some(nb - 1)] {
+                    let mut col = vec![0u8; col_bytes(k)];
+                    quantize_col(&values(nb as u64 + 99, k), &mut col);
+                    for b in 0..nb {
+                        col[b * 32 + (b + 9) % 32] = 0x7f;
+                        col[b * 32 + (b + 3) % 32] = 0x81;
+                        if col[b * 32 + b % 32] == 0x80 {
+                            col[b * 32 + b % 32] = 0x81;
+                        }
+                    }
+                    if let Some(b) = poison {
+                        col[b * 32 + b % 32] = 0x80;
+                    }
+                    let rr: [&[u8]; ROWS16] = std::array::from_fn(|j| &rows[j][..]);
+                    let mut want = [0u32; ROWS16];
+                    for h in 0..2 {
+                        let half: [&[u8]; 8] = std::array::from_fn(|j| rr[8 * h + j]);
+                        let [d] = dot_rows(Isa::Scalar, kind, half, [&col[..]], 0);
+                        for j in 0..8 {
+                            want[8 * h + j] = d[j].to_bits();
+                        }
+                    }
+                    for isa in Isa::available() {
+                        for prefetch in [0, 16 * bb * nb] {
+                            let got = dot_rows16(isa, kind, rr, &col, prefetch);
+                            assert_eq!(
+                                got.map(f32::to_bits),
+                                want,
+                                "{isa:?} {kind:?} nb={nb} poison={poison:?}"
+                            );
+                        }
                     }
                 }
             }

@@ -162,6 +162,8 @@ impl Exec<'_> {
         } else {
             0
         };
+        // The sixteen-row kernels' next call is sixteen rows on.
+        let qdot16_prefetch = qdot::ROWS16 / ROWS * qdot_prefetch;
         // The `bh` query heads that share one matrix of `a` (GQA: `r2` of them) go in one
         // unit, so that its rows are read (and for f16, converted) once for all of them: the
         // heads' columns are the consecutive packed columns `batch0 · n ..`, `nn` in all.
@@ -239,13 +241,16 @@ impl Exec<'_> {
                     // Groups of weight rows share each column load (a short last group repeats
                     // its last row and drops the extra results; a row's result does not depend
                     // on the other rows of its group).
+                    // One column (a decode step) of q4_1 or q8_0: sixteen rows per call.
+                    let sixteen = ggml_order.is_some() && nn == 1;
                     let group = match a.ty {
+                        _ if sixteen => qdot::ROWS16,
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
                         _ => F32_ROWS,
                     };
                     // The unit's quantized rows, bounds-checked once (row
                     // `rows.start + i` is `row_len` bytes at `i · nb[1]`).
-                    let span = if group == ROWS {
+                    let span = if sixteen || group == ROWS {
                         a.rows_bytes(rows.start, nr, a2, a3)
                     } else {
                         &[]
@@ -292,6 +297,14 @@ impl Exec<'_> {
                         let mut put = |j: usize, d: &[f32]| {
                             out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
                         };
+                        if let (Some(kind), true) = (ggml_order, sixteen) {
+                            let rws: [&[u8]; qdot::ROWS16] =
+                                std::array::from_fn(|j| qrow(row_of(j)));
+                            let c = batch0 * n;
+                            let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
+                            put(0, &qdot::dot_rows16(isa, kind, rws, col, qdot16_prefetch));
+                            continue;
+                        }
                         if let Some(kind) = ggml_order {
                             let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
                             let col = |j: usize| {
