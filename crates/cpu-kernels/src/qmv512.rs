@@ -36,6 +36,22 @@ use crate::qdot::{Q4_1_BYTES, Q8_0_BYTES, QK, ROWS16};
 /// Rows per call.
 pub(crate) const ROWS: usize = 8;
 
+/// One prefetch per 64 bytes of each row: once the current block (ending at byte `end` of
+/// the rows) passes `*pf_at`, line `*pf_at + prefetch` of every row is asked for and `*pf_at`
+/// moves on a line, so that every line is asked for once whatever the block size (not
+/// once per block, which asks for most lines twice). `prefetch == 0`: nothing.
+#[inline(always)]
+fn prefetch_lines(rows: &[*const u8], pf_at: &mut usize, end: usize, prefetch: usize) {
+    if prefetch != 0 && end > *pf_at {
+        for p in rows {
+            // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults (the address
+            // may lie past the row).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(*pf_at + prefetch).cast()) };
+        }
+        *pf_at += 64;
+    }
+}
+
 /// Whether the CPU has what these kernels use (asked once: `qdot::dot_rows` checks it on
 /// every call, one call per eight rows).
 pub(crate) fn available() -> bool {
@@ -114,13 +130,7 @@ pub(crate) unsafe fn q4_1_rows8(
         // other block, 40 bytes apart, asked for most lines twice): 8192 × 16384 one
         // thread 0.79–0.86 of the read (median of rounds) against 0.80–0.82, two threads
         // 0.80–1.05 against 0.61–0.79 (`benches/matvec.rs`, a loaded machine).
-        if prefetch != 0 && off + Q4_1_BYTES > pf_at {
-            for p in &rp {
-                // A prefetch never faults; the address may lie past the row.
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
-            }
-            pf_at += 64;
-        }
+        prefetch_lines(&rp, &mut pf_at, off + Q4_1_BYTES, prefetch);
         // SAFETY: block b of every row (20 bytes at `off`) and of the column (32 quants, one
         // scale, one sum) is inside them (caller's contract).
         unsafe {
@@ -354,13 +364,7 @@ pub(crate) unsafe fn q8_0_rows16(
             // One prefetch per 64 bytes of each row (every cache line asked for once, not
             // about twice as with one per 34-byte block): the SmolLM2 output head
             // (576 × 49152, one thread) took 0.81–0.85 ms against 0.87–0.91.
-            if prefetch != 0 && off + Q8_0_BYTES > pf_at {
-                for p in &rp {
-                    // A prefetch never faults; the address may lie past the row.
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
-                }
-                pf_at += 64;
-            }
+            prefetch_lines(&rp, &mut pf_at, off + Q8_0_BYTES, prefetch);
             // SAFETY: block b of every row (34 bytes at `off`) and of the column is inside
             // them (caller's contract).
             unsafe {
@@ -437,13 +441,7 @@ pub(crate) unsafe fn q4_1_rows16(
     for b in 0..nb {
         let off = b * Q4_1_BYTES;
         // One prefetch per 64 bytes of each row (as `q4_1_rows8`).
-        if prefetch != 0 && off + Q4_1_BYTES > pf_at {
-            for p in &rp {
-                // A prefetch never faults; the address may lie past the row.
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf_at + prefetch).cast());
-            }
-            pf_at += 64;
-        }
+        prefetch_lines(&rp, &mut pf_at, off + Q4_1_BYTES, prefetch);
         // SAFETY: before the last block, 32 bytes at `off` lie inside every row (`20 · b +
         // 32 ≤ 20 · nb` for `b ≤ nb − 2`, the caller's contract); the copies hold 32 bytes;
         // block b of the column is inside it.
