@@ -185,9 +185,9 @@ mod hdot;
 mod math;
 mod mem;
 mod pool;
-#[cfg(all(target_arch = "x86_64", not(miri)))]
 mod q4tiles;
 mod qdot;
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 mod qmv512;
 mod quant;
 pub mod repack;
