@@ -1,0 +1,111 @@
+//! The compute cost of the decode-step (one- and four-column) quantized products with their
+//! weights in L2, on one thread, as CPU time per call:
+//! `cargo bench -p cpu-kernels --bench thin_cpu`.
+//!
+//! Why CPU time and why L2: from DRAM a mat-vec product is as fast as its memory streams
+//! allow, and the machine's other tenants move that by a third from one minute to the next;
+//! what a kernel itself costs shows when its 590 KB of weights stay in L2 and the clock is
+//! the calling thread's own (`CLOCK_THREAD_CPUTIME_ID`), which time spent descheduled does
+//! not advance. With one thread the pool's worker is not used, so the whole product runs on
+//! the measured thread.
+//!
+//! Rows: q4_0, q4_1 and q8_0 weights, 4096 × 256, against 1 and 4 columns, in the CPU
+//! buffer type (the plain layout: `q4tiles` for q4_0, the sixteen-row kernels for q4_1 and
+//! q8_0) and in `CPU_REPACK`. Printed: the fastest of `THIN_ROUNDS` (default 7) rounds'
+//! mean µs per call over `THIN_REPS` (default 300) calls, then that as weight bytes per
+//! CPU-second.
+#![allow(clippy::print_stdout)]
+
+use std::hint::black_box;
+
+use cpu_kernels::CpuCompute;
+use graph::{Context, ElementType, Graph};
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `y = W·x`, `W` of `ty` (`k` × `m`) in `repack`'s or the plain CPU buffer type, `x` of
+/// `n` columns; the graph, its context and the buffers that hold it.
+fn product(
+    ty: ElementType,
+    k: i64,
+    m: i64,
+    n: i64,
+    repack: bool,
+) -> (Context, Graph, Vec<backend_core::Buffer>) {
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ty, k, m).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, k, n).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let mut g = Graph::new(8);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let buft = backend_cpu::cpu_buffer_type();
+    let wbuf = if repack {
+        backend_cpu::cpu_repack_buffer_type()
+    } else {
+        buft.clone()
+    }
+    .alloc_buffer(ctx[w].nbytes())
+    .unwrap();
+    // Small finite values everywhere (as `benches/matvec.rs`).
+    wbuf.clear(0x3c).unwrap();
+    backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
+    let xbytes = ctx[x].nbytes().next_multiple_of(64);
+    let xbuf = buft.alloc_buffer(xbytes + ctx[y].nbytes()).unwrap();
+    xbuf.clear(0x3c).unwrap();
+    backend_core::tensor_alloc(&mut ctx, &xbuf, x, 0).unwrap();
+    backend_core::tensor_alloc(&mut ctx, &xbuf, y, xbytes).unwrap();
+    (ctx, g, vec![wbuf, xbuf])
+}
+
+fn main() {
+    let reps = env("THIN_REPS", 300).max(1);
+    let rounds = env("THIN_ROUNDS", 7).max(1);
+    let cpu = CpuCompute::new(1);
+    let (k, m) = (4096, 256);
+    println!("one thread, weights {k} x {m} in L2; fastest round's mean CPU time per call");
+    for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
+        for repack in [false, true] {
+            for n in [1, 4] {
+                let (ctx, g, _bufs) = product(ty, k, m, n, repack);
+                let bytes = ty.row_size(k as usize) * m as usize;
+                let run = || black_box(cpu.compute(&ctx, g.as_view(), None).unwrap());
+                (0..20).for_each(|_| {
+                    run();
+                });
+                let best = (0..rounds)
+                    .map(|_| {
+                        let t = thread_cpu_ns();
+                        (0..reps).for_each(|_| {
+                            run();
+                        });
+                        (thread_cpu_ns() - t) as f64 / reps as f64
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                let layout = if repack { "repack" } else { "plain" };
+                println!(
+                    "{:<28} {:>9.2} us {:>7.1} GB/s",
+                    format!("{ty:?}_x{n}_{layout}").to_lowercase(),
+                    best / 1e3,
+                    bytes as f64 / best,
+                );
+            }
+        }
+    }
+}
