@@ -13,7 +13,7 @@
 //! buffer type (the plain layout: `q4tiles` for q4_0, the sixteen-row kernels for q4_1 and
 //! q8_0) and in `CPU_REPACK`. Printed: the fastest of `THIN_ROUNDS` (default 7) rounds'
 //! mean µs per call over `THIN_REPS` (default 300) calls, then that as weight bytes per
-//! CPU-second.
+//! CPU-second. `THIN_CASES=q8_0_x1,q4_1` keeps the rows whose names contain one of the words.
 #![allow(clippy::print_stdout)]
 
 use std::hint::black_box;
@@ -77,12 +77,19 @@ fn product(
 fn main() {
     let reps = env("THIN_REPS", 300).max(1);
     let rounds = env("THIN_ROUNDS", 7).max(1);
+    let filter = std::env::var("THIN_CASES").unwrap_or_default();
+    let keep = |name: &str| filter.is_empty() || filter.split(',').any(|w| name.contains(w));
     let cpu = CpuCompute::new(1);
     let (k, m) = (4096, 256);
     println!("one thread, weights {k} x {m} in L2; fastest round's mean CPU time per call");
     for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
         for repack in [false, true] {
             for n in [1, 4] {
+                let layout = if repack { "repack" } else { "plain" };
+                let name = format!("{ty:?}_x{n}_{layout}").to_lowercase();
+                if !keep(&name) {
+                    continue;
+                }
                 let (ctx, g, _bufs) = product(ty, k, m, n, repack);
                 let bytes = ty.row_size(k as usize) * m as usize;
                 let run = || black_box(cpu.compute(&ctx, g.as_view(), None).unwrap());
@@ -98,10 +105,9 @@ fn main() {
                         (thread_cpu_ns() - t) as f64 / reps as f64
                     })
                     .fold(f64::INFINITY, f64::min);
-                let layout = if repack { "repack" } else { "plain" };
                 println!(
                     "{:<28} {:>9.2} us {:>7.1} GB/s",
-                    format!("{ty:?}_x{n}_{layout}").to_lowercase(),
+                    name,
                     best / 1e3,
                     bytes as f64 / best,
                 );
