@@ -22,6 +22,8 @@
 //! stdout as a table.
 #![allow(clippy::print_stdout)]
 
+#[path = "support/product.rs"]
+mod product;
 #[path = "support/read_baseline.rs"]
 mod read_baseline;
 
@@ -29,15 +31,13 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cpu_kernels::CpuCompute;
-use graph::{Context, ElementType, Graph};
+use graph::ElementType;
+use product::{Product, cpu_weights, product};
 use read_baseline::ReadBaseline;
 
 struct Case {
     name: String,
-    ctx: Context,
-    g: Graph,
-    bytes: usize,
-    _bufs: Vec<backend_core::Buffer>,
+    p: Product,
 }
 
 /// Where a case's weights live.
@@ -53,36 +53,14 @@ enum Weights {
 
 /// `y = W·x` with `W` of `ty`, `k` × `m`, placed as `weights` says.
 fn case(name: &str, ty: ElementType, k: i64, m: i64, weights: Weights) -> Case {
-    let mut ctx = Context::new();
-    let w = ctx.new_tensor_2d(ty, k, m).unwrap();
-    let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
-    let y = ctx.mul_mat(w, x).unwrap();
-    let mut g = Graph::new(8);
-    g.build_forward_expand(&mut ctx, y).unwrap();
-    let bytes = ctx[w].nbytes();
-    let buft = backend_cpu::cpu_buffer_type();
-    let wbuf = match weights {
-        Weights::Cpu => buft.alloc_buffer(bytes).unwrap(),
+    let p = product(ty, k, m, 1, |bytes| match weights {
+        Weights::Cpu => cpu_weights(false)(bytes),
         Weights::Host => cpu_kernels::doc_support::host_buffer(bytes),
-        Weights::Repack => backend_cpu::cpu_repack_buffer_type()
-            .alloc_buffer(bytes)
-            .unwrap(),
-    };
-    // Small finite values everywhere (0x3c3c is 1.06 as f16, 0x3c3c3c3c 0.011 as f32); one
-    // byte value everywhere is the same in the repacked layout.
-    wbuf.clear(0x3c).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
-    let xbytes = ctx[x].nbytes().next_multiple_of(64);
-    let xbuf = buft.alloc_buffer(xbytes + ctx[y].nbytes()).unwrap();
-    xbuf.clear(0x3c).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &xbuf, x, 0).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &xbuf, y, xbytes).unwrap();
+        Weights::Repack => cpu_weights(true)(bytes),
+    });
     Case {
         name: name.to_owned(),
-        ctx,
-        g,
-        bytes,
-        _bufs: vec![wbuf, xbuf],
+        p,
     }
 }
 
@@ -193,7 +171,7 @@ fn main() {
     for _ in 0..2 {
         read.run();
         for c in &cases {
-            black_box(cpu.compute(&c.ctx, c.g.as_view(), None).unwrap());
+            black_box(cpu.compute(&c.p.ctx, c.p.g.as_view(), None).unwrap());
         }
     }
     let mut read_t = Vec::new();
@@ -211,7 +189,7 @@ fn main() {
         );
         for (c, t) in cases.iter().zip(&mut case_t) {
             let d = fastest(reps, || {
-                black_box(cpu.compute(&c.ctx, c.g.as_view(), None).unwrap());
+                black_box(cpu.compute(&c.p.ctx, c.p.g.as_view(), None).unwrap());
             });
             t.push(d.as_secs_f64());
         }
@@ -236,15 +214,15 @@ fn main() {
         let per_round: Vec<f64> = t
             .iter()
             .zip(&read_t)
-            .map(|(&tc, &tr)| gbs(c.bytes, tc) / gbs(read.bytes(), tr))
+            .map(|(&tc, &tr)| gbs(c.p.weight_bytes, tc) / gbs(read.bytes(), tr))
             .collect();
         println!(
             "{:<26} {:>7.3} {:>7.3} {:>6.1} {:>5.3} {:>5.3}",
             c.name,
             b * 1e3,
             median(t.clone()) * 1e3,
-            gbs(c.bytes, b),
-            gbs(c.bytes, b) / read_bw,
+            gbs(c.p.weight_bytes, b),
+            gbs(c.p.weight_bytes, b) / read_bw,
             median(per_round)
         );
     }

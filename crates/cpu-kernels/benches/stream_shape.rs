@@ -31,6 +31,8 @@
 //! flight. The loops' sums are not checked (the weights are one constant).
 #![allow(clippy::print_stdout)]
 
+#[path = "support/product.rs"]
+mod product;
 #[allow(dead_code, reason = "only the one-thread read is used here")]
 #[path = "support/read_baseline.rs"]
 mod read_baseline;
@@ -273,46 +275,26 @@ fn main() {
 struct Product {
     bytes: usize,
     cpu: cpu_kernels::CpuCompute,
-    ctx: graph::Context,
-    g: graph::Graph,
-    _bufs: Vec<backend_core::Buffer>,
+    p: product::Product,
 }
 
 impl Product {
     /// `ty` weights of `k` × `m`; `repack`: in the `CPU_REPACK` buffer type.
     fn new(ty: graph::ElementType, k: i64, m: i64, repack: bool) -> Product {
-        let mut ctx = graph::Context::new();
-        let w = ctx.new_tensor_2d(ty, k, m).unwrap();
-        let x = ctx.new_tensor_2d(graph::ElementType::F32, k, 1).unwrap();
-        let y = ctx.mul_mat(w, x).unwrap();
-        let mut g = graph::Graph::new(8);
-        g.build_forward_expand(&mut ctx, y).unwrap();
-        let buft = backend_cpu::cpu_buffer_type();
-        let bytes = ctx[w].nbytes();
-        let wbuf = if repack {
-            backend_cpu::cpu_repack_buffer_type().alloc_buffer(bytes)
-        } else {
-            buft.alloc_buffer(bytes)
-        }
-        .unwrap();
-        wbuf.clear(0x3c).unwrap();
-        backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
-        let xbytes = ctx[x].nbytes().next_multiple_of(64);
-        let xbuf = buft.alloc_buffer(xbytes + ctx[y].nbytes()).unwrap();
-        xbuf.clear(0x3c).unwrap();
-        backend_core::tensor_alloc(&mut ctx, &xbuf, x, 0).unwrap();
-        backend_core::tensor_alloc(&mut ctx, &xbuf, y, xbytes).unwrap();
+        let p = product::product(ty, k, m, 1, product::cpu_weights(repack));
         Product {
-            bytes,
+            bytes: p.weight_bytes,
             cpu: cpu_kernels::CpuCompute::new(1),
-            ctx,
-            g,
-            _bufs: vec![wbuf, xbuf],
+            p,
         }
     }
 
     fn run(&self) {
-        black_box(self.cpu.compute(&self.ctx, self.g.as_view(), None).unwrap());
+        black_box(
+            self.cpu
+                .compute(&self.p.ctx, self.p.g.as_view(), None)
+                .unwrap(),
+        );
     }
 }
 

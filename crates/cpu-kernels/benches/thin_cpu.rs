@@ -19,7 +19,11 @@
 use std::hint::black_box;
 
 use cpu_kernels::CpuCompute;
-use graph::{Context, ElementType, Graph};
+use graph::ElementType;
+use product::{cpu_weights, product};
+
+#[path = "support/product.rs"]
+mod product;
 
 /// CPU time of the calling thread, in nanoseconds.
 fn thread_cpu_ns() -> u64 {
@@ -40,40 +44,6 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// `y = W·x`, `W` of `ty` (`k` × `m`) in `repack`'s or the plain CPU buffer type, `x` of
-/// `n` columns; the graph, its context and the buffers that hold it.
-fn product(
-    ty: ElementType,
-    k: i64,
-    m: i64,
-    n: i64,
-    repack: bool,
-) -> (Context, Graph, Vec<backend_core::Buffer>) {
-    let mut ctx = Context::new();
-    let w = ctx.new_tensor_2d(ty, k, m).unwrap();
-    let x = ctx.new_tensor_2d(ElementType::F32, k, n).unwrap();
-    let y = ctx.mul_mat(w, x).unwrap();
-    let mut g = Graph::new(8);
-    g.build_forward_expand(&mut ctx, y).unwrap();
-    let buft = backend_cpu::cpu_buffer_type();
-    let wbuf = if repack {
-        backend_cpu::cpu_repack_buffer_type()
-    } else {
-        buft.clone()
-    }
-    .alloc_buffer(ctx[w].nbytes())
-    .unwrap();
-    // Small finite values everywhere (as `benches/matvec.rs`).
-    wbuf.clear(0x3c).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
-    let xbytes = ctx[x].nbytes().next_multiple_of(64);
-    let xbuf = buft.alloc_buffer(xbytes + ctx[y].nbytes()).unwrap();
-    xbuf.clear(0x3c).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &xbuf, x, 0).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &xbuf, y, xbytes).unwrap();
-    (ctx, g, vec![wbuf, xbuf])
-}
-
 fn main() {
     let reps = env("THIN_REPS", 300).max(1);
     let rounds = env("THIN_ROUNDS", 7).max(1);
@@ -90,9 +60,8 @@ fn main() {
                 if !keep(&name) {
                     continue;
                 }
-                let (ctx, g, _bufs) = product(ty, k, m, n, repack);
-                let bytes = ty.row_size(k as usize) * m as usize;
-                let run = || black_box(cpu.compute(&ctx, g.as_view(), None).unwrap());
+                let p = product(ty, k, m, n, cpu_weights(repack));
+                let run = || black_box(cpu.compute(&p.ctx, p.g.as_view(), None).unwrap());
                 (0..20).for_each(|_| {
                     run();
                 });
@@ -109,7 +78,7 @@ fn main() {
                     "{:<28} {:>9.2} us {:>7.1} GB/s",
                     name,
                     best / 1e3,
-                    bytes as f64 / best,
+                    p.weight_bytes as f64 / best,
                 );
             }
         }
