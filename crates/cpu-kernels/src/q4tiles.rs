@@ -148,7 +148,7 @@ mod x86 {
     /// Column `c` at blocks `b .. b + v` (`v` = 1..=4; lanes of missing blocks are zero).
     ///
     /// # Safety
-    /// The features of [`super::usable`]; blocks `b .. b + v` of the column exist.
+    /// The features of [`super::available`]; blocks `b .. b + v` of the column exist.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn col_step(ix: &Indices, c: &Col, b: usize, v: usize) -> ColStep {
@@ -189,7 +189,7 @@ mod x86 {
     /// `p + stride`, .. (`p` at block `b`) into the tile's accumulators, one per column.
     ///
     /// # Safety
-    /// The features of [`super::usable`]; blocks `b .. b + v` of the four rows and of every
+    /// The features of [`super::available`]; blocks `b .. b + v` of the four rows and of every
     /// column exist.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
@@ -270,7 +270,7 @@ mod x86 {
     /// [`super::dot_rows16`].
     ///
     /// # Safety
-    /// The CPU must have the features of [`super::usable`]; row `r` must hold `nb` q4_0
+    /// The CPU must have the features of [`super::available`]; row `r` must hold `nb` q4_0
     /// blocks readable from `rows + r * stride`, and every column `nb` packed blocks.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     pub(super) unsafe fn dot_rows16<const NC: usize>(
@@ -326,9 +326,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{self, Isa, ROWS};
+    use crate::quant::{self, Isa};
     use crate::repack::tests::{column, plain_rows};
-    const ROWS16: usize = super::ROWS;
 
     /// Sixteen rows `stride` bytes apart (the gaps filled with junk), from `rows` of
     /// `row_len` bytes each.
@@ -343,21 +342,21 @@ mod tests {
     #[test]
     fn sixteen_plain_rows_have_the_bits_of_the_eight_row_kernel() {
         if !available() {
-            // No AVX-512 VNNI: the dispatch never calls this kernel.
+            // No AVX-512 VNNI and VBMI: the dispatch never calls this kernel.
             return;
         }
         for nb in [1, 2, 7, 33] {
             let k = nb * QK;
             let row_len = nb * Q4_0_BYTES;
-            let rows = plain_rows(nb as u64, k, ROWS16);
+            let rows = plain_rows(nb as u64, k, ROWS);
             let cols: Vec<Vec<u8>> = (0..4).map(|c| column(40 + c, k)).collect();
             let col = |c: usize| &cols[c][..];
             // What the eight-row kernel gives, portable code: `want[c][r]`.
-            let want: Vec<[f32; ROWS16]> = (0..4)
+            let want: Vec<[f32; ROWS]> = (0..4)
                 .map(|c| {
-                    let mut w = [0.0f32; ROWS16];
+                    let mut w = [0.0f32; ROWS];
                     for h in 0..2 {
-                        let rr: [&[u8]; ROWS] = std::array::from_fn(|j| {
+                        let rr: [&[u8]; quant::ROWS] = std::array::from_fn(|j| {
                             let r = 8 * h + j;
                             &rows[r * row_len..(r + 1) * row_len]
                         });
@@ -370,7 +369,7 @@ mod tests {
             for gap in [0, 6, 64] {
                 let stride = row_len + gap;
                 let v = spaced(&rows, row_len, stride);
-                let bits = |d: &[f32; ROWS16]| d.map(f32::to_bits);
+                let bits = |d: &[f32; ROWS]| d.map(f32::to_bits);
                 let [one] = dot_rows16(&v, stride, [col(2)]);
                 assert_eq!(bits(&one), bits(&want[2]), "nb {nb} gap {gap}, one column");
                 let four = dot_rows16(&v, stride, [col(0), col(1), col(2), col(3)]);
