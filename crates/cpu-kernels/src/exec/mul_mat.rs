@@ -259,6 +259,11 @@ impl Exec<'_> {
                         let o = (i - rows.start) * a.nb[1];
                         &span[o..o + row_len]
                     };
+                    // Packed column `j` of the unit (of `nn`), for quantized weights.
+                    let qcol = |j: usize| {
+                        let c = batch0 * n + j;
+                        &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                    };
                     // Plain q4_0 rows sixteen at a time where the CPU allows (`q4tiles`; the
                     // same bits as the eight-row kernel): call `t` of the unit's first `wide`
                     // rows reads rows `t + calls · j` (see Q4_UNIT_ROWS); the rest go below.
@@ -268,13 +273,9 @@ impl Exec<'_> {
                         0
                     };
                     let calls = wide / q4tiles::ROWS;
+                    let stride = calls * a.nb[1];
                     for t in 0..calls {
                         let rws = &span[t * a.nb[1]..];
-                        let stride = calls * a.nb[1];
-                        let col = |j: usize| {
-                            let c = batch0 * n + j;
-                            &packed_q[c * col_bytes..(c + 1) * col_bytes]
-                        };
                         q4_column_calls(nn, n, |j, four| {
                             let mut put = |c: usize, d: &[f32; q4tiles::ROWS]| {
                                 for (r, &v) in d.iter().enumerate() {
@@ -282,11 +283,11 @@ impl Exec<'_> {
                                 }
                             };
                             if four {
-                                let cols = std::array::from_fn(|c| col(j + c));
+                                let cols = std::array::from_fn(|c| qcol(j + c));
                                 let d = q4tiles::dot_rows16::<Q4_COLS>(rws, stride, cols);
                                 d.iter().enumerate().for_each(|(c, d)| put(c, d));
                             } else {
-                                let [d] = q4tiles::dot_rows16(rws, stride, [col(j)]);
+                                let [d] = q4tiles::dot_rows16(rws, stride, [qcol(j)]);
                                 put(0, &d);
                             }
                         });
@@ -300,37 +301,30 @@ impl Exec<'_> {
                         if let (Some(kind), true) = (ggml_order, sixteen) {
                             let rws: [&[u8]; qdot::ROWS16] =
                                 std::array::from_fn(|j| qrow(row_of(j)));
-                            let c = batch0 * n;
-                            let col = &packed_q[c * col_bytes..(c + 1) * col_bytes];
-                            put(0, &qdot::dot_rows16(isa, kind, rws, col, qdot16_prefetch));
+                            put(
+                                0,
+                                &qdot::dot_rows16(isa, kind, rws, qcol(0), qdot16_prefetch),
+                            );
                             continue;
                         }
                         if let Some(kind) = ggml_order {
                             let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
-                            let col = |j: usize| {
-                                let c = batch0 * n + j;
-                                &packed_q[c * col_bytes..(c + 1) * col_bytes]
-                            };
-                            qdot_group(isa, kind, rws, nn, col, qdot_prefetch, &mut put);
+                            qdot_group(isa, kind, rws, nn, qcol, qdot_prefetch, &mut put);
                             continue;
                         }
                         match a.ty {
                             ElementType::Q4_0 => {
                                 let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
-                                let col = |j: usize| {
-                                    let c = batch0 * n + j;
-                                    &packed_q[c * col_bytes..(c + 1) * col_bytes]
-                                };
                                 q4_column_calls(nn, n, |j, four| {
                                     if four {
-                                        let cols = std::array::from_fn(|c| col(j + c));
+                                        let cols = std::array::from_fn(|c| qcol(j + c));
                                         let d =
                                             quant::dot_q4_0_q8_0_rows::<Q4_COLS>(isa, rws, cols);
                                         for (c, d) in d.iter().enumerate() {
                                             put(j + c, d);
                                         }
                                     } else {
-                                        let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [col(j)]);
+                                        let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [qcol(j)]);
                                         put(j, &d);
                                     }
                                 });
@@ -472,18 +466,17 @@ impl Exec<'_> {
                 let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
                 let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
                 let nr = rows.len();
-                let js = 0..cols.nn;
-                let out = grow(&mut ts.c, nr * js.len());
+                let out = grow(&mut ts.c, nr * cols.nn);
                 // One group of the repacked layout (the row count is a multiple of it).
                 let group = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
                 let col = |j: usize| {
-                    let c = batch0 * cols.n + js.start + j;
+                    let c = batch0 * cols.n + j;
                     &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
                 };
                 if a.ty == ElementType::Q4_1 {
                     use crate::repack::q4_1::dot_group;
                     mul_mat_group::<Q4_1_REPACK_COLS>(
-                        js.len(),
+                        cols.nn,
                         nr,
                         out,
                         col,
@@ -493,7 +486,7 @@ impl Exec<'_> {
                 } else if a.ty == ElementType::Q8_0 {
                     use crate::repack::q8_0::dot_group;
                     mul_mat_group::<Q8_0_REPACK_COLS>(
-                        js.len(),
+                        cols.nn,
                         nr,
                         out,
                         col,
@@ -503,7 +496,7 @@ impl Exec<'_> {
                 } else {
                     use crate::repack::dot_group;
                     mul_mat_group::<Q4_COLS>(
-                        js.len(),
+                        cols.nn,
                         nr,
                         out,
                         col,
@@ -511,7 +504,7 @@ impl Exec<'_> {
                         |c| dot_group(isa, group, c),
                     );
                 }
-                for (o, jj) in out.chunks_exact(nr).zip(js) {
+                for (o, jj) in out.chunks_exact(nr).zip(0..cols.nn) {
                     let (h, j) = (jj / cols.n, jj % cols.n);
                     dst.store_f32(rows.start, j, i2_0 + h, i3, o);
                 }
