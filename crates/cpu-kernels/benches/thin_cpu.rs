@@ -13,7 +13,8 @@
 //! buffer type (the plain layout: `q4tiles` for q4_0, the sixteen-row kernels for q4_1 and
 //! q8_0) and in `CPU_REPACK`. Printed: the fastest of `THIN_ROUNDS` (default 7) rounds'
 //! mean µs per call over `THIN_REPS` (default 300) calls, then that as weight bytes per
-//! CPU-second. `THIN_CASES=q8_0_x1,q4_1` keeps the rows whose names contain one of the words.
+//! CPU-second. `THIN_CASES=q8_0_x1,q4_1` keeps the rows whose names contain one of the words;
+//! `THIN_K` and `THIN_M` change the shape (`THIN_M=64`: 280 KB of q8_0, well inside L2).
 #![allow(clippy::print_stdout)]
 
 use std::hint::black_box;
@@ -50,7 +51,7 @@ fn main() {
     let filter = std::env::var("THIN_CASES").unwrap_or_default();
     let keep = |name: &str| filter.is_empty() || filter.split(',').any(|w| name.contains(w));
     let cpu = CpuCompute::new(1);
-    let (k, m) = (4096, 256);
+    let (k, m) = (env("THIN_K", 4096) as i64, env("THIN_M", 256) as i64);
     println!("one thread, weights {k} x {m} in L2; fastest round's mean CPU time per call");
     for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
         for repack in [false, true] {

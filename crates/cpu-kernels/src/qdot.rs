@@ -248,6 +248,9 @@ fn dot_q8_0_scalar(row: &[u8], col: &[u8], nb: usize) -> f32 {
 /// other in memory, `R` row lengths ahead is the next call's block: the rows of a thin
 /// product are short (576 elements: 10 cache lines), too short for the hardware prefetcher
 /// to follow eight of them side by side.
+/// The AVX-512 decode kernels (`qmv512`) ask for that next call's rows as one stream of
+/// lines instead, which is what callers give them: `prefetch` is then `R` (for
+/// [`dot_rows16`], sixteen) row lengths.
 pub(crate) fn dot_rows<const R: usize, const NC: usize>(
     isa: crate::quant::Isa,
     kind: WeightKind,
@@ -308,11 +311,10 @@ pub(crate) const ROWS16: usize = 16;
 /// Sixteen weight rows dotted with one packed column (a decode step): [`dot_rows`]'s
 /// products, bit for bit.
 ///
-/// With AVX-512 VNNI the rows' blocks are transposed in registers so that sixteen rows
-/// share each instruction (`qmv512::q8_0_rows16`, `qmv512::q4_1_rows16`); elsewhere, and
-/// for `q8_0` against a column holding the quant −128, it is two eight-row [`dot_rows`]
-/// calls. `prefetch` as for [`dot_rows`] (sixteen row lengths ahead is the next call's
-/// block).
+/// With AVX-512 VNNI, `q4_1` rows are transposed in registers so that sixteen rows share
+/// each instruction (`qmv512::q4_1_rows16`); `q8_0` rows, and every row elsewhere, go as two
+/// eight-row [`dot_rows`] calls (why not sixteen for `q8_0`: `qmv512`'s docs). `prefetch`
+/// as for [`dot_rows`] (sixteen row lengths ahead is the next call's block).
 pub(crate) fn dot_rows16(
     isa: crate::quant::Isa,
     kind: WeightKind,
@@ -326,18 +328,10 @@ pub(crate) fn dot_rows16(
         "qdot::dot_rows16: short row or column (a kernel bug)"
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if isa == crate::quant::Isa::Avx512 && crate::qmv512::available() {
-        // SAFETY: the CPU has the kernels' features (checked above); every row holds `nb`
-        // blocks of `kind` and the column is a packed column of `nb` blocks (asserted above).
-        let d = unsafe {
-            match kind {
-                WeightKind::Q4_1 => Some(crate::qmv512::q4_1_rows16(rows, col, nb, prefetch)),
-                WeightKind::Q8_0 => crate::qmv512::q8_0_rows16(rows, col, nb, prefetch),
-            }
-        };
-        if let Some(d) = d {
-            return d;
-        }
+    if kind == WeightKind::Q4_1 && isa == crate::quant::Isa::Avx512 && crate::qmv512::available() {
+        // SAFETY: the CPU has the kernel's features (checked above); every row holds `nb`
+        // q4_1 blocks and the column is a packed column of `nb` blocks (asserted above).
+        return unsafe { crate::qmv512::q4_1_rows16(rows, col, nb, prefetch) };
     }
     let mut out = [0.0f32; ROWS16];
     for (h, o) in out.chunks_exact_mut(ROWS16 / 2).enumerate() {

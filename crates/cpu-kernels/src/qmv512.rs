@@ -19,15 +19,20 @@
 //! `qdot::dot_rows` sends eight-row, one-column calls here when the CPU has the features;
 //! its tests compare every level against the portable kernels.
 //!
-//! Decode steps go sixteen rows at a time to [`q8_0_rows16`] and [`q4_1_rows16`] instead
+//! Decode steps of `q4_1` go sixteen rows at a time to [`q4_1_rows16`] instead
 //! (`qdot::dot_rows16`): the plain blocks are transposed in registers into the repacked
-//! kernels' register contents (`repack::q8_0`, `repack::q4_1`) and computed as those do. In
-//! L1 their arithmetic is no cheaper than two eight-row calls (q8_0: 7.8 against 7.3 ns per
-//! sixteen-row block without prefetching; q4_1 6.9 against 6.9), but they keep weights
-//! streaming better. One thread (`BENCH_THREADS=1`, median of rounds, alternated runs on a
-//! loaded machine): the SmolLM2 output head (q8_0 576 × 49152, `benches/kernels.rs`)
-//! 0.81–0.85 ms against 1.16–1.23, its q4_1 decode-step products 2.43–2.52 ms against
-//! 3.00–3.25; 8192 × 8192 q8_0 (`benches/matvec.rs`) 1.99–2.08 ms against 2.12–2.32.
+//! kernel's register contents (`repack::q4_1`) and computed as it does; with the weights in
+//! L3 that is a little faster than two eight-row calls (4096 × 4096: 137–143 µs against
+//! 151–153; SmolLM2's decode-step q4_1 products 2.0–2.9 ms against 2.1–3.3, alternated
+//! `benches/kernels.rs` runs on a loaded machine). Decode steps of `q8_0` are two
+//! [`q8_0_rows8`] calls: a sixteen-row `q8_0` kernel built the same way kept more data in
+//! flight, but spent more on its transpose and its sixteen row pointers (which do not fit
+//! the general registers) than it saved. Sixteen rows of 4096-element blocks in L1/L2 took
+//! 9.4–9.7 ns a block index with it against 7.5–8.1 with two eight-row calls; once the
+//! eight-row kernel prefetched as [`prefetch_region`] does, the SmolLM2 output head (q8_0
+//! 576 × 49152, `benches/kernels.rs`) took 0.52 ms against 0.79–0.91, and 8192 × 8192 from
+//! DRAM (`benches/matvec.rs`, two threads, three alternated sets on a loaded machine) took
+//! 0.97–1.29 times the read's time against 1.22–1.39.
 
 use std::arch::x86_64::*;
 
@@ -48,6 +53,25 @@ fn prefetch_lines(rows: &[*const u8], pf_at: &mut usize, end: usize, prefetch: u
             // may lie past the row).
             unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(*pf_at + prefetch).cast()) };
         }
+        *pf_at += 64;
+    }
+}
+
+/// Prefetches the `rows` rows that follow each other from `next` (the next call's), in
+/// step with the current call: once the current block ends at byte `end` of each row, the
+/// first `rows · end` bytes from `next` have been asked for, one line at a time, so that
+/// every line is asked for once and the whole next call is in cache when it starts. One
+/// stream of addresses from one pointer, where one prefetch per row and line
+/// ([`prefetch_lines`]) reloads every row's pointer: sixteen rows of 8192 × 8192 q8_0 from
+/// DRAM took 1.13–1.32 times the read's time this way against 1.31–1.47 (`benches/matvec.rs`,
+/// two threads, alternated on a loaded machine).
+#[inline(always)]
+fn prefetch_region(next: *const u8, rows: usize, pf_at: &mut usize, end: usize) {
+    let want = rows * end;
+    while *pf_at < want {
+        // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults (the address may
+        // lie past the rows).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(*pf_at).cast()) };
         *pf_at += 64;
     }
 }
@@ -195,14 +219,17 @@ pub(crate) unsafe fn q8_0_rows8(
     let zero = _mm512_setzero_si512();
     let idx: [__m512i; 4] = std::array::from_fn(|p| pair_index(p as i32, 1));
     let mut acc = [_mm512_setzero_ps(); ROWS / 2];
+    let mut pf_at = 0usize;
     for b in 0..nb {
         let off = b * Q8_0_BYTES;
-        // Every block: blocks are 34 bytes, so every other one could skip a cache line.
         if prefetch != 0 {
-            for p in &rp {
-                // A prefetch never faults; the address may lie past the row.
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + prefetch).cast());
-            }
+            // The next call's eight rows, `prefetch` bytes on (they follow each other).
+            prefetch_region(
+                rp[0].wrapping_add(prefetch),
+                ROWS,
+                &mut pf_at,
+                off + Q8_0_BYTES,
+            );
         }
         // SAFETY: block b of every row (34 bytes at `off`) and of the column is inside them
         // (caller's contract).
@@ -307,102 +334,9 @@ fn hsum8x16(a: &[__m512; 8]) -> __m512 {
     )
 }
 
-/// `q8_0` rows against one packed column, sixteen rows at a time: `[row · col; 16]`, or
-/// `None` when the column holds the quant −128.
-///
-/// The rows' blocks are transposed in registers ([`transpose16x8`]) into what the repacked
-/// kernel (`repack::q8_0`) loads from memory, lane `l` of register `c` holding dword `c` of
-/// row [`lane_row`]`(l)`'s quants (the scales gathered in the same lane order), and then
-/// computed as it does: `dpbusd` of the weights offset by 128 against the column's four
-/// bytes (broadcast), from a start of `−128 · Σ y`, which is the sign trick's exact sum
-/// except where a column byte is −128 and the weight negative; there the caller runs
-/// [`q8_0_rows8`] instead. One FMA per lane of the plain order serves sixteen rows, and the
-/// final sums are the plain order's additions across the eight registers.
-///
-/// # Safety
-/// The CPU has the [`available`] features; every row holds `nb` `q8_0` blocks and `col` is a
-/// packed column of `nb` blocks.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q8_0_rows16(
-    rows: [&[u8]; ROWS16],
-    col: &[u8],
-    nb: usize,
-    prefetch: usize,
-) -> Option<[f32; ROWS16]> {
-    /// Blocks per pass: the column's lane bases of a pass are computed first, into memory,
-    /// so that each is one broadcast load.
-    const PASS: usize = 64;
-    let rp = rows.map(<[u8]>::as_ptr);
-    let (qs, ds, _) = column(col, nb);
-    let bias = _mm512_set1_epi8(-128);
-    let bias8 = _mm256_set1_epi8(-128);
-    let mut ymin = _mm256_setzero_si256();
-    let mut acc = [_mm512_setzero_ps(); 8];
-    let mut bases = [[0i32; 8]; PASS];
-    let mut pf_at = 0usize;
-    for b0 in (0..nb).step_by(PASS) {
-        let blocks = b0..nb.min(b0 + PASS);
-        for (b, bl) in blocks.clone().zip(&mut bases) {
-            // SAFETY: block b < nb of the column exists (caller's contract); `bl` holds
-            // eight i32.
-            unsafe {
-                let yb = _mm256_loadu_si256(qs.add(QK * b).cast());
-                ymin = _mm256_min_epi8(ymin, yb);
-                // −128 · (the sum of each lane's four column bytes).
-                let base = _mm256_sub_epi32(
-                    _mm256_setzero_si256(),
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias8, yb),
-                );
-                _mm256_storeu_si256(bl.as_mut_ptr().cast(), base);
-            }
-        }
-        if _mm256_movemask_epi8(_mm256_cmpeq_epi8(ymin, bias8)) != 0 {
-            return None;
-        }
-        for (b, bl) in blocks.zip(&bases) {
-            let off = b * Q8_0_BYTES;
-            // One prefetch per 64 bytes of each row (every cache line asked for once, not
-            // about twice as with one per 34-byte block): the SmolLM2 output head
-            // (576 × 49152, one thread) took 0.81–0.85 ms against 0.87–0.91.
-            prefetch_lines(&rp, &mut pf_at, off + Q8_0_BYTES, prefetch);
-            // SAFETY: block b of every row (34 bytes at `off`) and of the column is inside
-            // them (caller's contract).
-            unsafe {
-                // The sixteen scales in lane order, four to a 64-bit word, in general
-                // registers (`black_box`: else the compiler builds the vector with sixteen
-                // `vpinsrw`, which cost 5 % more per block in L1).
-                let hdr =
-                    |l: usize| u64::from(rp[lane_row(l)].add(off).cast::<u16>().read_unaligned());
-                let four = |l: usize| {
-                    std::hint::black_box(
-                        (hdr(l) | hdr(l + 1) << 16 | hdr(l + 2) << 32 | hdr(l + 3) << 48) as i64,
-                    )
-                };
-                let scales = _mm256_setr_epi64x(four(0), four(4), four(8), four(12));
-                let x = transpose16x8(&rp, off + 2);
-                let q = qs.add(QK * b);
-                let d = _mm512_mul_ps(
-                    _mm512_cvtph_ps(scales),
-                    _mm512_set1_ps(ds.add(b).read_unaligned()),
-                );
-                for (l, a) in acc.iter_mut().enumerate() {
-                    let y = _mm512_set1_epi32(q.add(4 * l).cast::<i32>().read_unaligned());
-                    let xl = _mm512_xor_si512(x[l], bias);
-                    let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(bl[l]), xl, y);
-                    *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), *a);
-                }
-            }
-        }
-    }
-    let mut lanes = [0.0f32; ROWS16];
-    // SAFETY: `lanes` holds sixteen floats.
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), hsum8x16(&acc)) };
-    Some(std::array::from_fn(|r| lanes[lane_row(r)]))
-}
-
 /// `q4_1` rows against one packed column, sixteen rows at a time: `[row · col; 16]`.
 ///
-/// As [`q8_0_rows16`]: each row's 32 bytes from its block's start (the `d`, `m` header
+/// Each row's 32 bytes from its block's start (the `d`, `m` header
 /// dword, then the four quant dwords) are transposed in registers ([`transpose16x8`]), so
 /// that register `1 + c` holds the repacked kernel's (`repack::q4_1`) chunk `c` (its low
 /// nibbles lane `c` of the plain order, its high nibbles lane `4 + c`) and register 0 the
@@ -440,8 +374,15 @@ pub(crate) unsafe fn q4_1_rows16(
     let mut pf_at = 0usize;
     for b in 0..nb {
         let off = b * Q4_1_BYTES;
-        // One prefetch per 64 bytes of each row (as `q4_1_rows8`).
-        prefetch_lines(&rp, &mut pf_at, off + Q4_1_BYTES, prefetch);
+        if prefetch != 0 {
+            // The next call's sixteen rows, `prefetch` bytes on (they follow each other).
+            prefetch_region(
+                rp[0].wrapping_add(prefetch),
+                ROWS16,
+                &mut pf_at,
+                off + Q4_1_BYTES,
+            );
+        }
         // SAFETY: before the last block, 32 bytes at `off` lie inside every row (`20 · b +
         // 32 ≤ 20 · nb` for `b ≤ nb − 2`, the caller's contract); the copies hold 32 bytes;
         // block b of the column is inside it.
@@ -550,9 +491,9 @@ mod tests {
 
     /// Sixteen rows against one column (`qdot::dot_rows16`): every level gives the portable
     /// eight-row kernel's bits, for q4_1 (all-15 and all-0 blocks, the last block read
-    /// from copies) and q8_0 (extreme weight bytes, one to three passes of column bases, and
-    /// a column holding the quant −128 in the first or the last block, where the kernel
-    /// declines and two eight-row calls run).
+    /// from copies) and q8_0 (two eight-row calls: extreme weight bytes, and a column holding
+    /// the quant −128 in the first or the last block, where the sign trick's overflow must
+    /// be kept), with and without prefetching.
     #[test]
     fn sixteen_rows_one_column_match_every_level() {
         use crate::qdot::{Q4_1_BYTES, Q8_0_BYTES, ROWS16, dot_rows16};
