@@ -27,12 +27,32 @@
 //! `benches/kernels.rs` runs on a loaded machine). Decode steps of `q8_0` are two
 //! [`q8_0_rows8`] calls: a sixteen-row `q8_0` kernel built the same way kept more data in
 //! flight, but spent more on its transpose and its sixteen row pointers (which do not fit
-//! the general registers) than it saved. Sixteen rows of 4096-element blocks in L1/L2 took
-//! 9.4–9.7 ns a block index with it against 7.5–8.1 with two eight-row calls; once the
-//! eight-row kernel prefetched as [`prefetch_region`] does, the SmolLM2 output head (q8_0
-//! 576 × 49152, `benches/kernels.rs`) took 0.52 ms against 0.79–0.91, and 8192 × 8192 from
-//! DRAM (`benches/matvec.rs`, two threads, three alternated sets on a loaded machine) took
-//! 0.97–1.29 times the read's time against 1.22–1.39.
+//! the general registers) than it saved. Sixteen rows of 128 blocks in L1/L2 took 9.4–9.7 ns
+//! a block index with it against 7.5–8.1 with two eight-row calls; once the eight-row kernel
+//! prefetched as [`prefetch_region`] does, the SmolLM2 output head (q8_0 576 × 49152,
+//! `benches/kernels.rs`) took 0.52 ms against 0.79–0.91 in one build, 362–380 µs against
+//! 424–442 in the final one (three alternated runs), and 8192 × 8192 from DRAM
+//! (`benches/matvec.rs`, two threads, alternated sets on a loaded machine) 0.97–1.29 times
+//! the read's time against 1.22–1.39, then 1.17–1.28 against 1.20–1.46.
+//!
+//! Tried and not kept (L1/L2 figures: ns a block index of sixteen rows of 128 blocks, one
+//! alternated run, next to the kernel they would have replaced):
+//! * q8_0, sixteen rows two to a register with the weights offset by 128 (no sign trick):
+//!   9.8 against 9.5, the row pointers spilled as before; the same without its scales 7.0,
+//!   so the sixteen scalar scale loads cost a quarter; its scales by `vpinsrw` 9.2, by
+//!   `vpgatherdd` 10.5; two blocks a step with the scales by word permutes and blends from
+//!   64-byte reads 8.5; row addresses from one pointer and odd multiples of the stride (the
+//!   compiler kept sixteen pointers on the stack anyway) 9.8.
+//! * q8_0, eight rows with the weights offset by 128 instead of the sign trick: 8.0–9.1
+//!   against 7.7–8.1.
+//! * q4_1, four blocks a step transposed as 128-bit lanes first (one 64-byte and one
+//!   16-byte read per row and step, half the reads): 6.0–7.0 against 6.8–7.4 in L1/L2, but
+//!   no faster from L2 in `benches/thin_cpu.rs`, 135–158 µs against 130–134 for 4096 × 4096
+//!   in L3 and 1.40–1.56 times the read against 1.29–1.61 from DRAM; the column's eight
+//!   dword broadcasts as in-lane shuffles of two 16-byte broadcasts: 1–7 % in L1 only.
+//! * Prefetch hints for [`prefetch_region`]: T1 was slower from DRAM, T2 and NTA no
+//!   different from T0 in a second alternated set; one more prefetch per row 256–1024 bytes
+//!   ahead: no faster.
 
 use std::arch::x86_64::*;
 
