@@ -94,7 +94,10 @@ mod x86 {
     /// before and in it; with 256, 320, 384, 448 and 1024: 2.8–3.3, 2.7–3.2, 2.6–2.7,
     /// 2.7–2.7 and 4.7–5.4 ms (the read of the same bytes 1.6–1.9 ms); prefetching into L2
     /// instead was no better at 384 bytes and worse farther. With this kernel and the strided
-    /// units, 768 and 1536 bytes were no different from 384.
+    /// units, 768 and 1536 bytes were no different from 384. Each line of a row is asked for
+    /// once (a step reads 72 bytes, so two prefetches a step asked for most lines twice):
+    /// from DRAM (8192 × 16384, alternated on a loaded machine) time ÷ read 1.29–1.47 against
+    /// 1.31–1.53 on two threads, 1.24–1.31 against 1.27–1.44 on one.
     const PREFETCH: usize = 384;
 
     /// The permutes' index vectors, made once per call.
@@ -202,11 +205,9 @@ mod x86 {
         acc: &mut [__m256; NC],
     ) {
         // SAFETY: the caller's contract; the row loads are masked to the step's 18·v bytes
-        // unless v = 4 (then all 72 exist); prefetches never fault.
+        // unless v = 4 (then all 72 exist).
         let raw: [[__m512i; 2]; TILE] = std::array::from_fn(|r| unsafe {
             let q = p.add(r * stride);
-            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH).cast());
-            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64).cast());
             if v == STEP {
                 [
                     _mm512_loadu_si512(q.cast()),
@@ -288,6 +289,9 @@ mod x86 {
         }
         let full = nb / STEP * STEP;
         let tile = |t: usize| rows.wrapping_add(TILE * t * stride);
+        // Offset in every row of the next line to prefetch: each line once, `PREFETCH`
+        // bytes ahead of the step that reads it.
+        let mut pf_at = PREFETCH;
         let mut acc = [[_mm256_setzero_ps(); NC]; ROWS / TILE];
         // Step by step, the four tiles side by side (sixteen streams).
         macro_rules! tiles {
@@ -297,6 +301,14 @@ mod x86 {
                 // contract, b + v <= nb).
                 unsafe {
                     let cs: [ColStep; NC] = std::array::from_fn(|i| col_step(&ix, &c[i], b, v));
+                    while pf_at < (b + v) * Q4_0_BYTES + PREFETCH {
+                        for r in 0..ROWS {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                rows.wrapping_add(r * stride + pf_at).cast(),
+                            );
+                        }
+                        pf_at += 64;
+                    }
                     let [a0, a1, a2, a3] = &mut acc;
                     step(&ix, tile(0).add(b * Q4_0_BYTES), stride, &cs, v, a0);
                     step(&ix, tile(1).add(b * Q4_0_BYTES), stride, &cs, v, a1);
