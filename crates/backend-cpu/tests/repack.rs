@@ -240,6 +240,68 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
     }
 }
 
+/// `y = w · x` for plain weights `w_bytes` (`m` rows of `k` elements of `ty`) and the `n`
+/// columns `x_bytes` (f32), two threads: y's bytes.
+fn plain_product(ty: ElementType, k: i64, m: i64, w_bytes: &[u8], x_bytes: &[u8]) -> Vec<u8> {
+    let n = (x_bytes.len() / 4) as i64 / k;
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(ty, k, m).unwrap();
+    let x = ctx.new_tensor_2d(ElementType::F32, k, n).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let (nw, nx) = (ctx[w].nbytes(), ctx[x].nbytes());
+    let buf = cpu_buffer_type()
+        .alloc_buffer(nw.next_multiple_of(64) + nx.next_multiple_of(64) + ctx[y].nbytes())
+        .unwrap();
+    tensor_alloc(&mut ctx, &buf, w, 0).unwrap();
+    tensor_alloc(&mut ctx, &buf, x, nw.next_multiple_of(64)).unwrap();
+    let at = nw.next_multiple_of(64) + nx.next_multiple_of(64);
+    tensor_alloc(&mut ctx, &buf, y, at).unwrap();
+    tensor_set(&ctx, w, 0, w_bytes).unwrap();
+    tensor_set(&ctx, x, 0, x_bytes).unwrap();
+    let mut g = Graph::new(4);
+    g.build_forward_expand(&mut ctx, y).unwrap();
+    let backend = backend_cpu::init().unwrap();
+    CpuBackend::from_backend(&backend).unwrap().set_n_threads(2);
+    backend.graph_compute(&ctx, g.as_view()).unwrap();
+    read(&ctx, y)
+}
+
+/// Plain weights against several columns, where the executor repacks each group of sixteen
+/// rows on the fly for the repacked kernels (and the rows after the last whole group go the
+/// plain way), give every column the bits of that column alone (a one-column product, which
+/// reads the plain rows in place): column counts on both sides of each type's threshold.
+#[test]
+fn plain_products_of_many_columns_equal_one_column_products() {
+    if cfg!(miri) {
+        // Under Miri the kernels with intrinsics are compiled out, and with them the
+        // repacking on the fly; the plain paths are checked by the tests above.
+        return;
+    }
+    let (k, counts): (i64, &[i64]) = (256, &[2, 4, 7, 8, 16, 35, 64, 70]);
+    for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
+        for m in [48, 40] {
+            let mut ctx = Context::new();
+            let t = ctx.new_tensor_2d(ty, k, m).unwrap();
+            let nw = ctx[t].nbytes();
+            let w_bytes = q4_bytes_of(ty, 9, nw);
+            for &n in counts {
+                let x_bytes = f32_bytes(n as u64, (k * n) as usize);
+                let all = plain_product(ty, k, m, &w_bytes, &x_bytes);
+                let col = 4 * m as usize;
+                for j in 0..n as usize {
+                    let xj = &x_bytes[4 * k as usize * j..4 * k as usize * (j + 1)];
+                    let one = plain_product(ty, k, m, &w_bytes, xj);
+                    assert_eq!(
+                        all[col * j..col * (j + 1)],
+                        one[..],
+                        "{ty:?} m={m} n={n}, column {j}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// q4_1 matrices (20-byte blocks: scale, minimum, quants) go through the same layout: whole
 /// and partial writes read back as written, the stored bytes are permuted.
 #[test]

@@ -14,7 +14,8 @@
 //! q8_0) and in `CPU_REPACK`. Printed: the fastest of `THIN_ROUNDS` (default 7) rounds'
 //! mean µs per call over `THIN_REPS` (default 300) calls, then that as weight bytes per
 //! CPU-second. `THIN_CASES=q8_0_x1,q4_1` keeps the rows whose names contain one of the words;
-//! `THIN_K` and `THIN_M` change the shape (`THIN_M=64`: 280 KB of q8_0, well inside L2).
+//! `THIN_K` and `THIN_M` change the shape (`THIN_M=64`: 280 KB of q8_0, well inside L2), and
+//! `THIN_N=8,16` the column counts (default 1 and 4).
 #![allow(clippy::print_stdout)]
 
 use std::hint::black_box;
@@ -50,12 +51,16 @@ fn main() {
     let rounds = env("THIN_ROUNDS", 7).max(1);
     let filter = std::env::var("THIN_CASES").unwrap_or_default();
     let keep = |name: &str| filter.is_empty() || filter.split(',').any(|w| name.contains(w));
+    let ns: Vec<i64> = std::env::var("THIN_N")
+        .ok()
+        .map(|v| v.split(',').filter_map(|w| w.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 4]);
     let cpu = CpuCompute::new(1);
     let (k, m) = (env("THIN_K", 4096) as i64, env("THIN_M", 256) as i64);
     println!("one thread, weights {k} x {m} in L2; fastest round's mean CPU time per call");
     for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
         for repack in [false, true] {
-            for n in [1, 4] {
+            for &n in &ns {
                 let layout = if repack { "repack" } else { "plain" };
                 let name = format!("{ty:?}_x{n}_{layout}").to_lowercase();
                 if !keep(&name) {

@@ -5,7 +5,7 @@
 //! and threads are the executor's (`super`).
 
 use super::*;
-use crate::q4tiles;
+use crate::{q4tiles, repack};
 
 /// Rows of a unit of one-column f16 products read in place: eight calls of the kernel's
 /// [`hdot::F16_ROWS`] rows, call `t` taking rows `t, t + 8, .., t + 40` of the unit, so that
@@ -177,10 +177,20 @@ impl Exec<'_> {
             && nn == 1
             && a.rows_contiguous()
             && hdot::has_direct_f16();
+        // Plain q4_0, q4_1 and q8_0 weights against several columns: each group of sixteen
+        // rows is repacked into scratch and the repacked kernels run on it
+        // ([`repack_on_the_fly`]).
+        let transient = !packed
+            && repack_on_the_fly(a.ty, nn)
+            && a.rows_contiguous()
+            && isa == quant::Isa::Avx512
+            && crate::qmv512::available();
         // Plain q4_0 rows where the CPU has the `q4tiles` kernel: units of [`Q4_UNIT_ROWS`].
         let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
         let unit_rows = if direct_f16 {
             F16_UNIT_ROWS
+        } else if transient {
+            MM_ROWS
         } else if wide_q4 {
             Q4_UNIT_ROWS
         } else {
@@ -206,7 +216,20 @@ impl Exec<'_> {
                 let rows = mb * unit_rows..((mb + 1) * unit_rows).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * nn);
-                if tiled {
+                if transient && nr == repack::GROUP_ROWS {
+                    let span = a.rows_bytes(rows.start, nr, a2, a3);
+                    let rws: [&[u8]; repack::GROUP_ROWS] = std::array::from_fn(|i| {
+                        let o = i * a.nb[1];
+                        &span[o..o + row_len]
+                    });
+                    let group = grow(&mut ts.bytes, repack::GROUP_ROWS * row_len);
+                    repack::pack_group(a.ty, k, &rws, group);
+                    let col = |j: usize| {
+                        let c = batch0 * n + j;
+                        &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                    };
+                    repacked_group(isa, a.ty, group, nn, nr, out, col);
+                } else if tiled {
                     let rws: [&[f32]; MM_ROWS] =
                         f32_rows(a, |i| rows.start + i.min(nr - 1), a2, a3, &mut ts.a);
                     // One call per head: the tiles' slicing depends on the column count.
@@ -473,37 +496,7 @@ impl Exec<'_> {
                     let c = batch0 * cols.n + j;
                     &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
                 };
-                if a.ty == ElementType::Q4_1 {
-                    use crate::repack::q4_1::dot_group;
-                    mul_mat_group::<Q4_1_REPACK_COLS>(
-                        cols.nn,
-                        nr,
-                        out,
-                        col,
-                        |c| dot_group(isa, group, c),
-                        |c| dot_group(isa, group, c),
-                    );
-                } else if a.ty == ElementType::Q8_0 {
-                    use crate::repack::q8_0::dot_group;
-                    mul_mat_group::<Q8_0_REPACK_COLS>(
-                        cols.nn,
-                        nr,
-                        out,
-                        col,
-                        |c| dot_group(isa, group, c),
-                        |c| dot_group(isa, group, c),
-                    );
-                } else {
-                    use crate::repack::dot_group;
-                    mul_mat_group::<Q4_COLS>(
-                        cols.nn,
-                        nr,
-                        out,
-                        col,
-                        |c| dot_group(isa, group, c),
-                        |c| dot_group(isa, group, c),
-                    );
-                }
+                repacked_group(isa, a.ty, group, cols.nn, nr, out, col);
                 for (o, jj) in out.chunks_exact(nr).zip(0..cols.nn) {
                     let (h, j) = (jj / cols.n, jj % cols.n);
                     dst.store_f32(rows.start, j, i2_0 + h, i3, o);
@@ -631,6 +624,55 @@ const Q4_1_REPACK_COLS: usize = 2;
 /// Columns per call of the repacked q8_0 kernel (eight accumulators per column).
 const Q8_0_REPACK_COLS: usize = 2;
 
+/// `out[j · nr + i]` = row `i` of the repacked (`repack`) q4_0, q4_1 or q8_0 group `group`
+/// (`nr` = 16 rows) dotted with packed column `col(j)`, for the `nn` columns: the repacked
+/// kernels, each over the columns in the counts it takes at once.
+fn repacked_group<'c>(
+    isa: quant::Isa,
+    ty: ElementType,
+    group: &[u8],
+    nn: usize,
+    nr: usize,
+    out: &mut [f32],
+    col: impl Fn(usize) -> &'c [u8],
+) {
+    match ty {
+        ElementType::Q4_1 => {
+            use crate::repack::q4_1::dot_group;
+            mul_mat_group::<Q4_1_REPACK_COLS>(
+                nn,
+                nr,
+                out,
+                col,
+                |c| dot_group(isa, group, c),
+                |c| dot_group(isa, group, c),
+            );
+        }
+        ElementType::Q8_0 => {
+            use crate::repack::q8_0::dot_group;
+            mul_mat_group::<Q8_0_REPACK_COLS>(
+                nn,
+                nr,
+                out,
+                col,
+                |c| dot_group(isa, group, c),
+                |c| dot_group(isa, group, c),
+            );
+        }
+        _ => {
+            use crate::repack::dot_group;
+            mul_mat_group::<Q4_COLS>(
+                nn,
+                nr,
+                out,
+                col,
+                |c| dot_group(isa, group, c),
+                |c| dot_group(isa, group, c),
+            );
+        }
+    }
+}
+
 /// One group of `GROUP_ROWS` repacked rows against the `n` columns `col(0..n)`, `NC` at a
 /// time through `dot` and the rest one by one through `dot1`, into `out[j · nr ..]` per
 /// column `j`. (`dot` and `dot1` are the layout's kernel at `NC` columns and at one.)
@@ -733,6 +775,32 @@ fn qdot_kind(ty: ElementType) -> Option<qdot::WeightKind> {
 const QDOT_ROWS: usize = 4;
 /// Columns per call of the many-column `qdot` kernel.
 const QDOT_COLS: usize = 4;
+
+/// Whether plain weights of `ty` against `nn` columns are repacked on the fly, a group of
+/// sixteen rows at a time into scratch (`repack::pack_group`, about 1.3–1.7 µs a group of
+/// 4096-element rows), for the repacked kernels (on AVX-512 VNNI CPUs): where those beat
+/// the plain kernels with the copy included. One thread, 4096 × 256 weights in L2
+/// (`THIN_N=… cargo bench -p cpu-kernels --bench thin_cpu`, two alternated runs, µs per
+/// product, plain kernels against repacked on the fly):
+///
+/// * q4_0 from 16 columns: ×2 23–24 against 36–49, ×4 37–38 against 43–55, ×8 75–79
+///   against 65–84, ×16 151–154 against 110–134 (the `q4tiles` kernel takes four columns
+///   at a time, so up to eight it keeps up);
+/// * q4_1 from 4: ×2 36 against 41–54, ×4 95–114 against 54–73, ×8 96–105 against 80–81,
+///   ×16 193–223 against 137–139;
+/// * q8_0 for 4 to 7 columns and from 64: ×2 40–54 against 42, ×4 101 against 62, ×8 91–92
+///   against 101–104 and ×16 178–181 against 182–185 (from eight columns the plain rows go
+///   through eight-by-eight tiles), ×32 355–388 against 323–328, ×64 704–740 against
+///   640–643, ×128 1432–1436 against 1256–1299; two threads, 4096 × 4096
+///   (`benches/kernels.rs`), ×32 was 2.64–2.98 ms against 2.88–3.05.
+fn repack_on_the_fly(ty: ElementType, nn: usize) -> bool {
+    match ty {
+        ElementType::Q4_0 => nn >= 16,
+        ElementType::Q4_1 => nn >= 4,
+        ElementType::Q8_0 => nn >= 64 || (4..8).contains(&nn),
+        _ => false,
+    }
+}
 
 /// One group of [`ROWS`] weight rows against the `n` columns `col(0..n)`, handing each
 /// column's results to `put`: one column at a time with all rows when `n` is small (decode),
