@@ -82,9 +82,13 @@ fn prefetch_lines(rows: &[*const u8], pf_at: &mut usize, end: usize, prefetch: u
 /// first `rows · end` bytes from `next` have been asked for, one line at a time, so that
 /// every line is asked for once and the whole next call is in cache when it starts. One
 /// stream of addresses from one pointer, where one prefetch per row and line
-/// ([`prefetch_lines`]) reloads every row's pointer: sixteen rows of 8192 × 8192 q8_0 from
-/// DRAM took 1.13–1.32 times the read's time this way against 1.31–1.47 (`benches/matvec.rs`,
-/// two threads, alternated on a loaded machine).
+/// ([`prefetch_lines`]) reloads every row's pointer. With the former sixteen-row q8_0
+/// kernel, 8192 × 8192 from DRAM (`benches/matvec.rs`, two threads, three alternated sets
+/// on a loaded machine) took 1.13–1.32 times the read's time this way against 1.17–1.47,
+/// then 1.17–1.32 against 1.31–1.36, then 1.14–1.53 against 1.08–1.25 (no better); with
+/// the eight-row kernel the sets were 0.97–1.14 against 1.28–1.39, 1.00–1.21 against
+/// 1.22–1.38 and 1.15–1.29 against 1.26–1.36 (the eight-row kernel with one prefetch per
+/// row and block: 1.20–1.39, 1.24–1.35).
 #[inline(always)]
 fn prefetch_region(next: *const u8, rows: usize, pf_at: &mut usize, end: usize) {
     let want = rows * end;
