@@ -636,40 +636,23 @@ fn repacked_group<'c>(
     out: &mut [f32],
     col: impl Fn(usize) -> &'c [u8],
 ) {
+    // The layout's kernel at `$nc` columns and at one.
+    macro_rules! run {
+        ($dot:path, $nc:expr) => {
+            mul_mat_group::<$nc>(
+                nn,
+                nr,
+                out,
+                col,
+                |c| $dot(isa, group, c),
+                |c| $dot(isa, group, c),
+            )
+        };
+    }
     match ty {
-        ElementType::Q4_1 => {
-            use crate::repack::q4_1::dot_group;
-            mul_mat_group::<Q4_1_REPACK_COLS>(
-                nn,
-                nr,
-                out,
-                col,
-                |c| dot_group(isa, group, c),
-                |c| dot_group(isa, group, c),
-            );
-        }
-        ElementType::Q8_0 => {
-            use crate::repack::q8_0::dot_group;
-            mul_mat_group::<Q8_0_REPACK_COLS>(
-                nn,
-                nr,
-                out,
-                col,
-                |c| dot_group(isa, group, c),
-                |c| dot_group(isa, group, c),
-            );
-        }
-        _ => {
-            use crate::repack::dot_group;
-            mul_mat_group::<Q4_COLS>(
-                nn,
-                nr,
-                out,
-                col,
-                |c| dot_group(isa, group, c),
-                |c| dot_group(isa, group, c),
-            );
-        }
+        ElementType::Q4_1 => run!(crate::repack::q4_1::dot_group, Q4_1_REPACK_COLS),
+        ElementType::Q8_0 => run!(crate::repack::q8_0::dot_group, Q8_0_REPACK_COLS),
+        _ => run!(crate::repack::dot_group, Q4_COLS),
     }
 }
 
