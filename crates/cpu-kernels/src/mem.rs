@@ -69,15 +69,18 @@ unsafe fn f16_to_f32_f16c(bits: &[u16], out: &mut [f32]) {
 fn f32_to_f16(data: &[f32], bits: &mut [u16]) {
     let n = bits.len().min(data.len());
     let (data, bits) = (&data[..n], &mut bits[..n]);
-    let mut done = 0;
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if n >= 8
+    let done = if n >= 8
         && std::arch::is_x86_feature_detected!("f16c")
         && std::arch::is_x86_feature_detected!("avx")
     {
         // SAFETY: the CPU has F16C and AVX (checked just above).
-        done = unsafe { f32_to_f16_f16c(data, bits) };
-    }
+        unsafe { f32_to_f16_f16c(data, bits) }
+    } else {
+        0
+    };
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let done = 0;
     for (b, &v) in bits[done..].iter_mut().zip(&data[done..]) {
         *b = f16::from_f32(v).to_bits();
     }

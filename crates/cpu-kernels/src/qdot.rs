@@ -258,6 +258,9 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
     cols: [&[u8]; NC],
     prefetch: usize,
 ) -> [[f32; R]; NC] {
+    // Only the kernels with intrinsics prefetch (compiled out under Miri).
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = prefetch;
     let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
     assert!(
         cols.iter().all(|c| c.len() == nb * (QK + 8))

@@ -184,7 +184,7 @@ impl Exec<'_> {
             && repack_on_the_fly(a.ty, nn)
             && a.rows_contiguous()
             && isa == quant::Isa::Avx512
-            && crate::qmv512::available();
+            && repacked_kernels_fast();
         // Plain q4_0 rows where the CPU has the `q4tiles` kernel: units of [`Q4_UNIT_ROWS`].
         let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
         let unit_rows = if direct_f16 {
@@ -783,6 +783,18 @@ fn repack_on_the_fly(ty: ElementType, nn: usize) -> bool {
         ElementType::Q8_0 => nn >= 64 || (4..8).contains(&nn),
         _ => false,
     }
+}
+
+/// Whether the repacked kernels run with AVX-512 VNNI here (the condition for
+/// [`repack_on_the_fly`] to pay; never under Miri, where the kernels with intrinsics are
+/// compiled out).
+fn repacked_kernels_fast() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        crate::qmv512::available()
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    false
 }
 
 /// One group of [`ROWS`] weight rows against the `n` columns `col(0..n)`, handing each
