@@ -614,11 +614,11 @@ pub(crate) mod x86 {
             }
             return;
         }
-        let (block, head) = if ty == ElementType::Q4_1 {
-            (20, 4)
-        } else {
-            (18, 2)
+        let Some(block) = super::block_bytes(ty) else {
+            return;
         };
+        // q4_0: the scale; q4_1: the scale and the minimum; then 16 quant bytes.
+        let head = block - QK / 2;
         for b in 0..nb {
             let (off, base) = (b * block, b * GROUP_ROWS * block);
             // SAFETY: bytes `off + head .. off + block` (16) lie inside block b of every row.

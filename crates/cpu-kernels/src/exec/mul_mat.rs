@@ -179,12 +179,11 @@ impl Exec<'_> {
             && hdot::has_direct_f16();
         // Plain q4_0, q4_1 and q8_0 weights against several columns: each group of sixteen
         // rows is repacked into scratch and the repacked kernels run on it
-        // ([`repack_on_the_fly`]).
+        // ([`repack_on_the_fly`]; `Isa::Avx512` includes VNNI and is never chosen under Miri).
         let transient = !packed
             && repack_on_the_fly(a.ty, nn)
             && a.rows_contiguous()
-            && isa == quant::Isa::Avx512
-            && repacked_kernels_fast();
+            && isa == quant::Isa::Avx512;
         // Plain q4_0 rows where the CPU has the `q4tiles` kernel: units of [`Q4_UNIT_ROWS`].
         let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
         let unit_rows = if direct_f16 {
@@ -216,6 +215,11 @@ impl Exec<'_> {
                 let rows = mb * unit_rows..((mb + 1) * unit_rows).min(m);
                 let nr = rows.len();
                 let out = grow(&mut ts.c, nr * nn);
+                // Packed column `j` of the unit (of `nn`), for quantized weights.
+                let qcol = |j: usize| {
+                    let c = batch0 * n + j;
+                    &packed_q[c * col_bytes..(c + 1) * col_bytes]
+                };
                 if transient && nr == repack::GROUP_ROWS {
                     let span = a.rows_bytes(rows.start, nr, a2, a3);
                     let rws: [&[u8]; repack::GROUP_ROWS] = std::array::from_fn(|i| {
@@ -224,11 +228,7 @@ impl Exec<'_> {
                     });
                     let group = grow(&mut ts.bytes, repack::GROUP_ROWS * row_len);
                     repack::pack_group(a.ty, k, &rws, group);
-                    let col = |j: usize| {
-                        let c = batch0 * n + j;
-                        &packed_q[c * col_bytes..(c + 1) * col_bytes]
-                    };
-                    repacked_group(isa, a.ty, group, nn, nr, out, col);
+                    repacked_group(isa, a.ty, group, nn, nr, out, qcol);
                 } else if tiled {
                     let rws: [&[f32]; MM_ROWS] =
                         f32_rows(a, |i| rows.start + i.min(nr - 1), a2, a3, &mut ts.a);
@@ -281,11 +281,6 @@ impl Exec<'_> {
                     let qrow = |i: usize| {
                         let o = (i - rows.start) * a.nb[1];
                         &span[o..o + row_len]
-                    };
-                    // Packed column `j` of the unit (of `nn`), for quantized weights.
-                    let qcol = |j: usize| {
-                        let c = batch0 * n + j;
-                        &packed_q[c * col_bytes..(c + 1) * col_bytes]
                     };
                     // Plain q4_0 rows sixteen at a time where the CPU allows (`q4tiles`; the
                     // same bits as the eight-row kernel): call `t` of the unit's first `wide`
@@ -783,18 +778,6 @@ fn repack_on_the_fly(ty: ElementType, nn: usize) -> bool {
         ElementType::Q8_0 => nn >= 64 || (4..8).contains(&nn),
         _ => false,
     }
-}
-
-/// Whether the repacked kernels run with AVX-512 VNNI here (the condition for
-/// [`repack_on_the_fly`] to pay; never under Miri, where the kernels with intrinsics are
-/// compiled out).
-fn repacked_kernels_fast() -> bool {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
-        crate::qmv512::available()
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    false
 }
 
 /// One group of [`ROWS`] weight rows against the `n` columns `col(0..n)`, handing each
