@@ -14,7 +14,12 @@
 //!   (the previous path: one call per thread on half the rows each) on the same shapes.
 //!
 //! Every figure is the fastest of several calls in that round (the machine is shared); the
-//! ratio to the peak uses the same round's peak. Beside the wall-clock figures, the CPU time
+//! ratio to the peak uses the same round's peak. The FMA loop runs again after each case, and
+//! the `FMA loop` column of a case's row is the lesser of the loops just before and just
+//! after it. A co-tenant on the other hardware thread of one of our cores halves the FMA loop
+//! and, while it lasts, every product (ours and the `gemm` crate's alike): a case whose
+//! bracketing loops fell below 0.9 of the nominal peak is marked `DISTURBED`, and the last
+//! lines give, per case, ours ÷ the nominal peak over the other rounds. Beside the wall-clock figures, the CPU time
 //! per call (the process's, all threads, over batches of calls at least 0.2 s long, the least
 //! of three batches) gives GFLOP per busy CPU-second, and the same for the FMA loop: their
 //! ratio (`cpu/peak`) leaves out the time the threads waited for a core, so it stays
@@ -171,6 +176,12 @@ fn fma_peak(nth: usize) -> Option<(f64, f64)> {
     None
 }
 
+/// A case counts as measured on a quiet machine when the FMA loops just before and just
+/// after it both reached this fraction of the nominal peak (they reach 0.95–0.98 of it when
+/// the cores are ours; a co-tenant on a core's other hardware thread halves them, and halves
+/// every product measured meanwhile, the `gemm` crate's too).
+const QUIET: f64 = 0.9;
+
 struct Case {
     name: String,
     k: usize,
@@ -291,6 +302,9 @@ fn main() {
         "{:<34} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "case", "round", "clock GHz", "nominal", "FMA loop", "ours", "gemm"
     );
+    // Per case: ours ÷ the nominal peak in each round whose bracketing FMA loops ran at full
+    // speed.
+    let mut quiet: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for round in 0..rounds {
         let hz = clock_hz();
         let nominal = nth as f64 * 2.0 * 16.0 * 2.0 * hz / 1e9;
@@ -300,13 +314,15 @@ fn main() {
             "fma_peak",
             hz / 1e9
         );
-        for c in &cases {
+        let mut before = peak;
+        for (ci, c) in cases.iter().enumerate() {
             let flop = 2.0 * (c.k * c.m * c.n) as f64;
             let s = ours(c.k, c.m, c.n);
             let (t_ours, cpu_ours) = fastest_both(c.reps, || {
                 black_box(cpu.compute(&s.ctx, s.g.as_view(), None).unwrap());
             });
             drop(s);
+            let after = fma_peak(nth).map_or(f64::NAN, |p| p.0);
             let a: Vec<f32> = (0..c.k * c.m).map(|i| (i % 13) as f32 / 8.0).collect();
             let b: Vec<f32> = (0..c.k * c.n).map(|i| (i % 11) as f32 / 8.0).collect();
             let mut out = vec![0.0f32; c.m * c.n];
@@ -319,16 +335,38 @@ fn main() {
                 flop / t_gemm.as_secs_f64() / 1e9,
             );
             let gc = flop / cpu_ours / 1e9;
+            let fma_near = before.min(after);
+            let disturbed = fma_near.is_nan() || fma_near < QUIET * nominal;
+            if !disturbed {
+                quiet[ci].push(go / nominal);
+            }
             println!(
-                "{:<34} {round:>6} {:>9} {:>9} {:>9} {go:>8.1} {gg:>8.1}   ours/peak {:.2}, ours/gemm {:.2}, per CPU-second {gc:.1}: cpu/peak {:.2}",
+                "{:<34} {round:>6} {:>9} {:>9} {fma_near:>9.1} {go:>8.1} {gg:>8.1}   ours/peak {:.2}, ours/nominal {:.2}, ours/gemm {:.2}, per CPU-second {gc:.1}: cpu/peak {:.2}{}",
                 c.name,
                 "",
                 "",
-                "",
                 go / peak,
+                go / nominal,
                 go / gg,
-                gc / peak_cpu
+                gc / peak_cpu,
+                if disturbed { "  DISTURBED" } else { "" }
             );
+            before = after;
+        }
+    }
+    println!(
+        "ours ÷ the nominal peak over the rounds whose bracketing FMA loops reached {QUIET} of it"
+    );
+    for (c, r) in cases.iter().zip(&mut quiet) {
+        r.sort_by(f64::total_cmp);
+        match (r.first(), r.last()) {
+            (Some(lo), Some(hi)) => println!(
+                "{:<34} {} of {rounds} rounds: least {lo:.2}, median {:.2}, most {hi:.2}",
+                c.name,
+                r.len(),
+                r[r.len() / 2]
+            ),
+            _ => println!("{:<34} no quiet round", c.name),
         }
     }
 }
