@@ -17,7 +17,15 @@
 //! The functions here are portable code (`f32::mul_add` fuses at every level), compiled for
 //! AVX2/FMA at run time where available so they vectorise; every level gives the same bits.
 //! One-column products whose weights stream from DRAM read the f16 rows in place with
-//! AVX-512 ([`dot_rows_f16`]), converting in registers, in the same order.
+//! AVX-512 ([`dot_rows_f16`]), converting in registers, in the same order; so do the
+//! one-column-order products of several columns per matrix (a decode step's attention with
+//! grouped-query heads, [`dot_pairs_f16`]), each row converted once for its columns and
+//! sixteen products reduced together. With SmolLM2's shapes (`mul_mat/f16_attention_30_layers_
+//! kv512_x1` in `benches/kernels.rs`, old and new builds alternated three times on a loaded
+//! machine) the step's attention products took 0.63–0.73 ms against 1.12–1.17 on two threads
+//! (1.21–1.35 against 2.13–2.59 on one), where the rows were converted into f32 scratch
+//! first and each product reduced on its own; in a `tg64` step (`llm_bench --profile`) they
+//! took 0.83–0.91 ms against 1.10–1.66.
 //!
 //! Indexing: [`dot_rows`] asserts the row and column lengths once; the loops below index
 //! `chunks_exact` pieces and the fixed-size accumulators with constant bounds.
@@ -403,16 +411,29 @@ unsafe fn tile_avx512(
             }
         }
     }
-    // `reduce16` on all sixteen at once. 1: `v[8 + i] + v[i]`, two accumulators a vector.
+    let e = reduce16x16(acc);
+    // Accumulator 4c + r.
+    std::array::from_fn(|c| std::array::from_fn(|r| e[4 * c + r]))
+}
+
+/// `out[i] = reduce16(v[i])` for sixteen vectors at once: each level of
+/// `_mm512_reduce_add_ps`'s tree adds the same pairs of lanes as [`reduce16`], several
+/// vectors' lanes per instruction (21 shuffles and 15 additions for the sixteen).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce16x16(v: [std::arch::x86_64::__m512; 16]) -> [f32; 16] {
+    use std::arch::x86_64::*;
+    // 1: `v[8 + i] + v[i]`, two vectors a register.
     let t: [__m512; 8] = std::array::from_fn(|j| {
-        let (a, b) = (acc[2 * j], acc[2 * j + 1]);
+        let (a, b) = (v[2 * j], v[2 * j + 1]);
         _mm512_add_ps(
             _mm512_shuffle_f32x4::<0xEE>(a, b),
             _mm512_shuffle_f32x4::<0x44>(a, b),
         )
     });
-    // 2: `t3[4 + i] + t3[i]`, four accumulators a vector (128-bit lane j of u[q] is
-    // accumulator 4q + j).
+    // 2: `t3[4 + i] + t3[i]`, four vectors a register (128-bit lane j of u[q] is vector
+    // 4q + j).
     let u: [__m512; 4] = std::array::from_fn(|q| {
         let (a, b) = (t[2 * q], t[2 * q + 1]);
         _mm512_add_ps(
@@ -420,21 +441,168 @@ unsafe fn tile_avx512(
             _mm512_shuffle_f32x4::<0x88>(a, b),
         )
     });
-    // 3: `(t6[0] + t6[2]) + (t6[1] + t6[3])`: element 4j + q of the result is accumulator
-    // 4q + j.
+    // 3: `(t6[0] + t6[2]) + (t6[1] + t6[3])`: element 4j + q of the result is vector 4q + j.
     let pair =
         |p: __m512, q: __m512| _mm512_add_ps(_mm512_unpacklo_ps(p, q), _mm512_unpackhi_ps(p, q));
-    let (v, w) = (pair(u[0], u[1]), pair(u[2], u[3]));
-    let (vd, wd) = (_mm512_castps_pd(v), _mm512_castps_pd(w));
+    let (x, w) = (pair(u[0], u[1]), pair(u[2], u[3]));
+    let (xd, wd) = (_mm512_castps_pd(x), _mm512_castps_pd(w));
     let sum = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(vd, wd)),
-        _mm512_castpd_ps(_mm512_unpackhi_pd(vd, wd)),
+        _mm512_castpd_ps(_mm512_unpacklo_pd(xd, wd)),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(xd, wd)),
     );
     let mut e = [0.0f32; 16];
     // SAFETY: `e` holds sixteen floats.
     unsafe { _mm512_storeu_ps(e.as_mut_ptr(), sum) };
-    // Accumulator 4c + r = 4q + j: q = c, j = r, element 4r + c.
-    std::array::from_fn(|c| std::array::from_fn(|r| e[4 * r + c]))
+    std::array::from_fn(|i| e[4 * (i % 4) + i / 4])
+}
+
+/// (row, column) pairs of a [`dot_pairs_f16`] call: one [`reduce16x16`] serves sixteen.
+pub(crate) const F16_PAIRS: usize = 16;
+
+/// `out[c · rows.len() + r] = rows[r] · cols[c]` in [`Order::VecDot`], the rows as f16 bits
+/// read in place (at least `2 · k` bytes each, `k` the columns' common length), for at most
+/// [`F16_PAIRS`] pairs: the bits of [`dot_rows`] on the rows converted to f32.
+///
+/// Why: with grouped-query attention a decode step's `K·Q` and `V·P` have several query
+/// heads' columns per f16 matrix of the cache, and a short `K` row (a head of 64 elements)
+/// makes the one-column kernels spend most of their time converting rows into scratch and
+/// reducing each product's sixteen lanes on its own. Here each row is converted in registers
+/// once for all its columns and sixteen products are reduced together.
+pub(crate) fn dot_pairs_f16(rows: &[&[u8]], cols: &[&[f32]], out: &mut [f32]) {
+    let k = cols.first().map_or(0, |c| c.len());
+    assert!(
+        rows.len() * cols.len() <= F16_PAIRS
+            && out.len() == rows.len() * cols.len()
+            && cols.iter().all(|c| c.len() == k)
+            && rows.iter().all(|r| r.len() / 2 >= k),
+        "hdot::dot_pairs_f16: too many pairs, short row or column (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if has_direct_f16() {
+        // SAFETY: the CPU has AVX-512F, F16C and FMA (checked just above); lengths asserted.
+        return unsafe { pairs_f16_avx512(rows, cols, out) };
+    }
+    for (c, col) in cols.iter().enumerate() {
+        for (r, row) in rows.iter().enumerate() {
+            out[c * rows.len() + r] = vec_dot_f16(row, col);
+        }
+    }
+}
+
+/// [`dot_pairs_f16`] with 512-bit vectors: the pairs in one of the fixed shapes of
+/// [`pairs_fixed`] (the rows of a short group repeated, their products dropped), or for other
+/// column counts one column at a time, then each pair's tail in f64.
+///
+/// # Safety
+/// AVX-512F, F16C and FMA; lengths as [`dot_pairs_f16`] asserts.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f,f16c,fma")]
+unsafe fn pairs_f16_avx512(rows: &[&[u8]], cols: &[&[f32]], out: &mut [f32]) {
+    let k = cols.first().map_or(0, |c| c.len());
+    let np = k / 64 * 64;
+    let nr = rows.len();
+    if nr == 0 || cols.is_empty() {
+        return;
+    }
+    let rp = |i: usize| rows[i.min(nr - 1)].as_ptr();
+    let cp = |j: usize| cols[j.min(cols.len() - 1)].as_ptr();
+    // sums[c · nr + r] for the fixed shapes (their `NR` is at least `nr`).
+    macro_rules! fixed {
+        ($nr:literal, $nc:literal) => {{
+            // SAFETY: every row holds `2 · k` bytes and every column `k` floats (caller's
+            // contract).
+            let s = unsafe {
+                pairs_fixed::<$nr, $nc>(std::array::from_fn(rp), std::array::from_fn(cp), np)
+            };
+            let mut sums = [0.0f32; F16_PAIRS];
+            for c in 0..$nc {
+                sums[c * nr..(c + 1) * nr].copy_from_slice(&s[c * $nr..c * $nr + nr]);
+            }
+            sums
+        }};
+    }
+    let sums = match cols.len() {
+        2 => fixed!(8, 2),
+        3 => fixed!(5, 3),
+        4 => fixed!(4, 4),
+        nc => {
+            let mut sums = [0.0f32; F16_PAIRS];
+            for c in 0..nc {
+                for r in 0..nr {
+                    // SAFETY: as above.
+                    sums[c * nr + r] = unsafe { pairs_fixed::<1, 1>([rp(r)], [cp(c)], np) }[0];
+                }
+            }
+            sums
+        }
+    };
+    for ((o, s), col) in out
+        .chunks_exact_mut(nr)
+        .zip(sums.chunks_exact(nr))
+        .zip(cols)
+    {
+        for ((o, &s), row) in o.iter_mut().zip(s).zip(rows) {
+            let mut sum = f64::from(s);
+            for (t, &b) in col.iter().enumerate().skip(np) {
+                sum += f64::from(f16_at(row, t) * b);
+            }
+            *o = sum as f32;
+        }
+    }
+}
+
+/// `NR` f16 rows against `NC` columns over the first `np` elements (a multiple of 64), `NR ·
+/// NC ≤ 16`: `out[c · NR + r]` is [`vec_dot`]'s sum before the tail (its four accumulators
+/// over steps of 64, combined as `(a0 + a2) + (a1 + a3)`, then [`reduce16`]). Each row's
+/// step of 64 is converted once for its `NC` columns, and the products are reduced together
+/// ([`reduce16x16`]).
+///
+/// # Safety
+/// AVX-512F, F16C and FMA; every row holds `2 · np` bytes and every column `np` floats.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline]
+#[target_feature(enable = "avx512f,f16c,fma")]
+unsafe fn pairs_fixed<const NR: usize, const NC: usize>(
+    rows: [*const u8; NR],
+    cols: [*const f32; NC],
+    np: usize,
+) -> [f32; 16] {
+    use std::arch::x86_64::*;
+    let mut x = [_mm512_setzero_ps(); 16];
+    for (r, &row) in rows.iter().enumerate() {
+        // acc[j][c]
+        let mut acc = [[_mm512_setzero_ps(); NC]; 4];
+        let mut i = 0;
+        while i < np {
+            for (j, aj) in acc.iter_mut().enumerate() {
+                // SAFETY: `i + 64 <= np`: the row's bytes [2i, 2i + 128) and each column's
+                // floats [i, i + 64) are inside them (caller's contract).
+                unsafe {
+                    let h = _mm256_loadu_si256(row.add(2 * (i + 16 * j)).cast());
+                    let v = _mm512_cvt_roundph_ps::<_MM_FROUND_CUR_DIRECTION>(h);
+                    for (a, &col) in aj.iter_mut().zip(&cols) {
+                        *a = _mm512_fmadd_ps(v, _mm512_loadu_ps(col.add(i + 16 * j)), *a);
+                    }
+                }
+            }
+            i += 64;
+        }
+        for c in 0..NC {
+            x[c * NR + r] = _mm512_add_ps(
+                _mm512_add_ps(acc[0][c], acc[2][c]),
+                _mm512_add_ps(acc[1][c], acc[3][c]),
+            );
+        }
+    }
+    if NR * NC == 1 {
+        let mut l = [0.0f32; 16];
+        // SAFETY: `l` holds sixteen floats.
+        unsafe { _mm512_storeu_ps(l.as_mut_ptr(), x[0]) };
+        let mut out = [0.0f32; 16];
+        out[0] = reduce16(&l);
+        return out;
+    }
+    reduce16x16(x)
 }
 
 #[cfg(test)]
@@ -576,6 +744,65 @@ mod tests {
                 want.map(f32::to_bits),
                 "k {k}, portable"
             );
+        }
+    }
+
+    /// Several f16 rows in place against several columns (grouped-query attention): every
+    /// pair has the bits of the converted row's one-column order, for every split of the
+    /// sixteen pairs between rows and columns, with and without a tail past the last step.
+    #[test]
+    fn f16_pairs_match_the_one_column_order() {
+        let val = |i: usize| {
+            let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
+            half::f16::from_f32(x * if i.is_multiple_of(5) { 3.0 } else { 1e-3 })
+        };
+        let lens: &[usize] = if cfg!(miri) {
+            &[0, 64, 70]
+        } else {
+            &[0, 5, 64, 70, 256, 300]
+        };
+        let shapes: &[(usize, usize)] = if cfg!(miri) {
+            &[(5, 3), (1, 16)]
+        } else {
+            &[
+                (1, 2),
+                (8, 2),
+                (5, 3),
+                (4, 4),
+                (3, 5),
+                (2, 8),
+                (1, 16),
+                (2, 7),
+            ]
+        };
+        for &k in lens {
+            for &(nr, nc) in shapes {
+                let halves: Vec<Vec<half::f16>> = (0..nr)
+                    .map(|r| (0..k + 2).map(|i| val(i * 4 + r)).collect())
+                    .collect();
+                let bytes: Vec<Vec<u8>> = halves
+                    .iter()
+                    .map(|h| h.iter().flat_map(|v| v.to_le_bytes()).collect())
+                    .collect();
+                let cols: Vec<Vec<f32>> = (0..nc)
+                    .map(|c| (0..k).map(|i| val(i + 7777 + 131 * c).to_f32()).collect())
+                    .collect();
+                let rws: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
+                let cls: Vec<&[f32]> = cols.iter().map(|c| &c[..]).collect();
+                let mut got = vec![0.0f32; nr * nc];
+                dot_pairs_f16(&rws, &cls, &mut got);
+                for c in 0..nc {
+                    for r in 0..nr {
+                        let row: Vec<f32> = halves[r].iter().map(|v| v.to_f32()).collect();
+                        let [want] = rows_portable(Order::VecDot, [&row[..]], &cols[c]);
+                        assert_eq!(
+                            got[c * nr + r].to_bits(),
+                            want.to_bits(),
+                            "k {k}, {nr} x {nc}, row {r}, column {c}"
+                        );
+                    }
+                }
+            }
         }
     }
 

@@ -18,6 +18,11 @@ use crate::{q4tiles, repack};
 /// `benches/stream_shape.rs` shows the same on one thread).
 const F16_UNIT_ROWS: usize = 8 * hdot::F16_ROWS;
 
+/// Rows of a unit of several-column f16 products read in place (`hdot::dot_pairs_f16`):
+/// a decode step's `K·Q` has a few hundred rows of 64 elements per head, and each unit costs
+/// a claim, a scratch lookup and a store per column.
+const F16_PAIRS_UNIT_ROWS: usize = 64;
+
 /// The kernel calls over the `nn` columns of a q4_0 row group (`n` per head): four columns
 /// per call share the rows' unpacking, in fours from each head's first column (as without
 /// GQA), then one at a time. `call(j, four)` covers column `j` and, if `four`, the three
@@ -177,6 +182,15 @@ impl Exec<'_> {
             && nn == 1
             && a.rows_contiguous()
             && hdot::has_direct_f16();
+        // Several columns of f16 weights in the one-column order (a decode step's attention
+        // with grouped-query heads: `bh` columns per matrix of the KV cache) read their rows
+        // in place too, each row converted once for all its columns
+        // (`hdot::dot_pairs_f16`).
+        let pairs_f16 = a.ty == ElementType::F16
+            && half_order == hdot::Order::VecDot
+            && nn >= 2
+            && a.rows_contiguous()
+            && hdot::has_direct_f16();
         // Plain q4_0, q4_1 and q8_0 weights against several columns: each group of sixteen
         // rows is repacked into scratch and the repacked kernels run on it
         // ([`repack_on_the_fly`]; `Isa::Avx512` includes VNNI and is never chosen under Miri).
@@ -188,6 +202,8 @@ impl Exec<'_> {
         let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
         let unit_rows = if direct_f16 {
             F16_UNIT_ROWS
+        } else if pairs_f16 {
+            F16_PAIRS_UNIT_ROWS
         } else if transient {
             MM_ROWS
         } else if wide_q4 {
@@ -237,6 +253,36 @@ impl Exec<'_> {
                         let batch = batch0 + h;
                         let cols = &packed_f32[batch * n * k..(batch + 1) * n * k];
                         mul_mat_tiles_f32(isa, &rws[..nr], cols, k, &mut out[h * n * nr..]);
+                    }
+                } else if pairs_f16 {
+                    // Rows `per` at a time against columns `cw` at a time: at most
+                    // `F16_PAIRS` products a call.
+                    let cw = nn.min(hdot::F16_PAIRS);
+                    let per = (hdot::F16_PAIRS / cw).min(nr);
+                    let mut d = [0.0f32; hdot::F16_PAIRS];
+                    let span = a.rows_bytes(rows.start, nr, a2, a3);
+                    for r0 in (0..nr).step_by(per) {
+                        let rn = per.min(nr - r0);
+                        let mut rws: [&[u8]; hdot::F16_PAIRS] = [&[]; hdot::F16_PAIRS];
+                        for (i, r) in rws.iter_mut().enumerate().take(rn) {
+                            let o = (r0 + i) * a.nb[1];
+                            *r = &span[o..o + row_len];
+                        }
+                        for j0 in (0..nn).step_by(cw) {
+                            let cn = cw.min(nn - j0);
+                            let cls: [&[f32]; hdot::F16_PAIRS] = std::array::from_fn(|j| {
+                                let c = batch0 * n + j0 + j.min(cn - 1);
+                                &packed_f32[c * k..(c + 1) * k]
+                            });
+                            hdot::dot_pairs_f16(&rws[..rn], &cls[..cn], &mut d[..rn * cn]);
+                            // Element by element: a copy of a few floats of run-time
+                            // length is a call to `memmove`.
+                            for c in 0..cn {
+                                for r in 0..rn {
+                                    out[(j0 + c) * nr + r0 + r] = d[c * rn + r];
+                                }
+                            }
+                        }
                     }
                 } else if direct_f16 {
                     // Call `t` reads rows `t + b·j` (see F16_UNIT_ROWS; a short last unit
