@@ -64,7 +64,9 @@
 //!   columns take 4 × 4 tiles. q4_1 never takes the gemm; q8_0 from 16 columns still does.
 //!   **f16 weights** (the attention over an f16 KV cache) likewise take the dot path at
 //!   any column count: the column is rounded to f16 (ggml's `vec_dot_type`) and each output
-//!   summed in ggml's order for the shape (module `hdot`).
+//!   summed in ggml's order for the shape (module `hdot`). With AVX-512, one-column-order
+//!   products read the f16 rows in place, converting in registers: one column six rows a
+//!   call, several columns of one matrix (grouped-query heads) sixteen products a call.
 //! * **q4_0 weights always take the dot-product path**, at any column count: its kernel
 //!   takes four columns per call, so each block of eight rows is unpacked (nibbles, scales)
 //!   once for four columns, and the integer dot products cost less than dequantizing to f32
