@@ -361,10 +361,10 @@ fn main() {
         r.sort_by(f64::total_cmp);
         match (r.first(), r.last()) {
             (Some(lo), Some(hi)) => println!(
-                "{:<34} {} of {rounds} rounds: least {lo:.2}, median {:.2}, most {hi:.2}",
+                "{:<34} {} of {rounds} rounds: least {lo:.2}, median (the lower of two) {:.2}, most {hi:.2}",
                 c.name,
                 r.len(),
-                r[r.len() / 2]
+                r[(r.len() - 1) / 2]
             ),
             _ => println!("{:<34} no quiet round", c.name),
         }
