@@ -187,7 +187,8 @@ fn bench_mul_mat(c: &mut Criterion) {
 /// `q8_0_576x49152_x1` the tied output head (28 MB); then one block's largest product with
 /// a 512-token prompt and every q4_1 shape (and the head's, as q4_1) with a 64-token prompt;
 /// `f16_attention_30_layers_kv512_x1` is the step's attention products over 512 cells
-/// ([`f16_attention`]), `f16_attention_pp64_kv256` one block's for a 64-token prompt. Throughput: bytes of weights (GB/s) for the decode shapes,
+/// ([`f16_attention`]; `f16_attention_mha_…` the same without grouped-query heads, nine KV
+/// heads), `f16_attention_pp64_kv256` one block's for a 64-token prompt. Throughput: bytes of weights (GB/s) for the decode shapes,
 /// FLOP/s for the prompts.
 fn bench_llama(
     cpu: &CpuCompute,
@@ -290,14 +291,18 @@ fn bench_llama_rest(
         })
     });
     drop(head);
-    let attn = f16_attention(512);
-    group.throughput(Throughput::Elements((2 * 2 * 30 * 9 * 64 * 512) as u64));
-    group.bench_function("f16_attention_30_layers_kv512_x1", |b| {
-        timed(b, || {
-            black_box(cpu.compute(&attn.ctx, attn.g.as_view(), None).unwrap())
-        })
-    });
-    drop(attn);
+    for (name, kv_heads) in [
+        ("f16_attention_30_layers_kv512_x1", 3),
+        ("f16_attention_mha_30_layers_kv512_x1", 9),
+    ] {
+        let attn = f16_attention(512, kv_heads);
+        group.throughput(Throughput::Elements((2 * 2 * 30 * 9 * 64 * 512) as u64));
+        group.bench_function(name, |b| {
+            timed(b, || {
+                black_box(cpu.compute(&attn.ctx, attn.g.as_view(), None).unwrap())
+            })
+        });
+    }
     let prompts = [
         (576, 576, 64),
         (576, 192, 64),
@@ -349,17 +354,22 @@ fn f16_attention_prompt(n: i64, n_kv: i64) -> Setup {
 }
 
 /// The attention products of a SmolLM2-135M decode step over `n_kv` cached cells, thirty
-/// blocks of `K·Q` (f16 `[64, n_kv, 3]` × f32 `[64, 1, 9]`: nine query heads over three KV
-/// heads) and `V·P` (f16 `[n_kv, 64, 3]` × f32 `[n_kv, 1, 9]`); each block has its own cache.
-fn f16_attention(n_kv: i64) -> Setup {
+/// blocks of `K·Q` (f16 `[64, n_kv, kv_heads]` × f32 `[64, 1, 9]`: nine query heads over
+/// `kv_heads` KV heads, three in the model; nine is attention without grouped-query heads)
+/// and `V·P` (f16 `[n_kv, 64, kv_heads]` × f32 `[n_kv, 1, 9]`); each block has its own cache.
+fn f16_attention(n_kv: i64, kv_heads: i64) -> Setup {
     let mut ctx = Context::new();
     let mut ids = Vec::new();
     let mut outs = Vec::new();
     for _ in 0..30 {
-        let k = ctx.new_tensor_3d(ElementType::F16, 64, n_kv, 3).unwrap();
+        let k = ctx
+            .new_tensor_3d(ElementType::F16, 64, n_kv, kv_heads)
+            .unwrap();
         let q = ctx.new_tensor_3d(ElementType::F32, 64, 1, 9).unwrap();
         let kq = ctx.mul_mat(k, q).unwrap();
-        let v = ctx.new_tensor_3d(ElementType::F16, n_kv, 64, 3).unwrap();
+        let v = ctx
+            .new_tensor_3d(ElementType::F16, n_kv, 64, kv_heads)
+            .unwrap();
         let p = ctx.new_tensor_3d(ElementType::F32, n_kv, 1, 9).unwrap();
         let kqv = ctx.mul_mat(v, p).unwrap();
         ids.extend([k, q, kq, v, p, kqv]);
