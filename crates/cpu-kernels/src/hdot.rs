@@ -609,6 +609,27 @@ unsafe fn pairs_fixed<const NR: usize, const NC: usize>(
 mod tests {
     use super::*;
 
+    /// Test values spread over magnitudes (f16-representable) so that the order of the
+    /// additions shows: a pseudo-random value in −1000..1000 times `big` at every `every`-th
+    /// index, else times 10⁻³.
+    fn spread_f16(i: usize, every: usize, big: f32) -> half::f16 {
+        let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
+        half::f16::from_f32(x * if i.is_multiple_of(every) { big } else { 1e-3 })
+    }
+
+    /// `n` rows of `len` f16 values (row `r`, element `i`: `spread_f16(4i + r, 5, 3.0)`), and
+    /// the same rows as little-endian bytes.
+    fn f16_rows(n: usize, len: usize) -> (Vec<Vec<half::f16>>, Vec<Vec<u8>>) {
+        let halves: Vec<Vec<half::f16>> = (0..n)
+            .map(|r| (0..len).map(|i| spread_f16(i * 4 + r, 5, 3.0)).collect())
+            .collect();
+        let bytes = halves
+            .iter()
+            .map(|h| h.iter().flat_map(|v| v.to_le_bytes()).collect())
+            .collect();
+        (halves, bytes)
+    }
+
     #[test]
     fn orders_are_as_described_and_levels_agree() {
         // Values whose sums round differently in different orders.
@@ -675,10 +696,7 @@ mod tests {
 
     #[test]
     fn tiles_give_each_pair_its_own_product() {
-        let val = |i: usize| {
-            let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
-            half::f16::from_f32(x * if i.is_multiple_of(3) { 7.0 } else { 1e-3 }).to_f32()
-        };
+        let val = |i: usize| spread_f16(i, 3, 7.0).to_f32();
         for k in [16, 64, 256] {
             let rows: Vec<Vec<f32>> = (0..TILE_ROWS)
                 .map(|r| (0..k).map(|i| val(i * 5 + r)).collect())
@@ -706,23 +724,14 @@ mod tests {
     /// level (the AVX-512 body where the CPU has it, the portable one under Miri).
     #[test]
     fn f16_rows_in_place_match_the_converted_rows() {
-        let val = |i: usize| {
-            let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
-            half::f16::from_f32(x * if i.is_multiple_of(5) { 3.0 } else { 1e-3 })
-        };
+        let val = |i: usize| spread_f16(i, 5, 3.0);
         let lens: &[usize] = if cfg!(miri) {
             &[0, 5, 64, 70]
         } else {
             &[0, 1, 63, 64, 65, 100, 512, 1000, 4133]
         };
         for &k in lens {
-            let halves: Vec<Vec<half::f16>> = (0..F16_ROWS)
-                .map(|r| (0..k + 3).map(|i| val(i * 4 + r)).collect())
-                .collect();
-            let bytes: Vec<Vec<u8>> = halves
-                .iter()
-                .map(|h| h.iter().flat_map(|v| v.to_le_bytes()).collect())
-                .collect();
+            let (halves, bytes) = f16_rows(F16_ROWS, k + 3);
             let rows: Vec<Vec<f32>> = halves
                 .iter()
                 .map(|h| h.iter().map(|v| v.to_f32()).collect())
@@ -752,10 +761,7 @@ mod tests {
     /// sixteen pairs between rows and columns, with and without a tail past the last step.
     #[test]
     fn f16_pairs_match_the_one_column_order() {
-        let val = |i: usize| {
-            let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
-            half::f16::from_f32(x * if i.is_multiple_of(5) { 3.0 } else { 1e-3 })
-        };
+        let val = |i: usize| spread_f16(i, 5, 3.0);
         let lens: &[usize] = if cfg!(miri) {
             &[0, 64, 70]
         } else {
@@ -779,13 +785,7 @@ mod tests {
         };
         for &k in lens {
             for &(nr, nc) in shapes {
-                let halves: Vec<Vec<half::f16>> = (0..nr)
-                    .map(|r| (0..k + 2).map(|i| val(i * 4 + r)).collect())
-                    .collect();
-                let bytes: Vec<Vec<u8>> = halves
-                    .iter()
-                    .map(|h| h.iter().flat_map(|v| v.to_le_bytes()).collect())
-                    .collect();
+                let (halves, bytes) = f16_rows(nr, k + 3);
                 let cols: Vec<Vec<f32>> = (0..nc)
                     .map(|c| (0..k).map(|i| val(i + 7777 + 131 * c).to_f32()).collect())
                     .collect();
@@ -811,10 +811,7 @@ mod tests {
     #[test]
     fn vector_kernel_matches_portable_on_the_attention_shapes() {
         // Values spread over magnitudes (f16-representable) so the order of additions shows.
-        let val = |i: usize| {
-            let x = (i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0;
-            half::f16::from_f32(x * if i.is_multiple_of(5) { 3.0 } else { 1e-3 }).to_f32()
-        };
+        let val = |i: usize| spread_f16(i, 5, 3.0).to_f32();
         for k in [64, 100, 256, 512] {
             let rows: Vec<Vec<f32>> = (0..8)
                 .map(|r| (0..k).map(|i| val(i * 8 + r)).collect())
