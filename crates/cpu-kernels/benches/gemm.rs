@@ -1,8 +1,8 @@
 //! f32 GEMM against the machine's FMA peak, in interleaved rounds.
 //!
 //! `cargo bench -p cpu-kernels --bench gemm` (`GEMM_ROUNDS=N`, default 3; `BENCH_THREADS=N`,
-//! default 2; `GEMM_SKIP_LARGE=1` leaves out 4096³). Each round measures, one after the
-//! other:
+//! default 2; `GEMM_SKIP_LARGE=1` leaves out 4096³; `GEMM_CASES=f32_,ffn` keeps the cases
+//! whose names contain one of the words). Each round measures, one after the other:
 //!
 //! * **the clock**: a chain of dependent integer adds (one cycle each on every x86 core),
 //!   timed; cycles ÷ seconds is the clock the core ran at;
@@ -295,6 +295,9 @@ fn main() {
             n: 4096,
             reps: 3,
         });
+    }
+    if let Ok(words) = std::env::var("GEMM_CASES") {
+        cases.retain(|c| words.split(',').any(|w| c.name.contains(w)));
     }
     let cpu = CpuCompute::new(nth);
     println!("threads {nth}, rounds {rounds}; GFLOP/s = fastest call of the round");
