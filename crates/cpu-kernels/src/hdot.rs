@@ -489,9 +489,9 @@ pub(crate) fn dot_pairs_f16(rows: &[&[u8]], cols: &[&[f32]], out: &mut [f32]) {
     }
 }
 
-/// [`dot_pairs_f16`] with 512-bit vectors: the pairs in one of the fixed shapes of
-/// [`pairs_fixed`] (the rows of a short group repeated, their products dropped), or for other
-/// column counts one column at a time, then each pair's tail in f64.
+/// [`dot_pairs_f16`] with 512-bit vectors: two to four columns in one of the fixed shapes of
+/// [`pairs_fixed`] (sixteen pairs; the rows of a short group repeated, their products
+/// dropped), other column counts one pair at a time; then each pair's tail in f64.
 ///
 /// # Safety
 /// AVX-512F, F16C and FMA; lengths as [`dot_pairs_f16`] asserts.
