@@ -236,12 +236,19 @@ impl Exec<'_> {
                     let c = batch0 * n + j;
                     &packed_q[c * col_bytes..(c + 1) * col_bytes]
                 };
+                // The unit's rows where they are dense, bounds-checked once: row
+                // `rows.start + i` is `row_len` bytes at `i · nb[1]` of `span`.
+                let span = if a.rows_contiguous() {
+                    a.rows_bytes(rows.start, nr, a2, a3)
+                } else {
+                    &[]
+                };
+                let unit_row = |i: usize| {
+                    let o = i * a.nb[1];
+                    &span[o..o + row_len]
+                };
                 if transient && nr == repack::GROUP_ROWS {
-                    let span = a.rows_bytes(rows.start, nr, a2, a3);
-                    let rws: [&[u8]; repack::GROUP_ROWS] = std::array::from_fn(|i| {
-                        let o = i * a.nb[1];
-                        &span[o..o + row_len]
-                    });
+                    let rws: [&[u8]; repack::GROUP_ROWS] = std::array::from_fn(unit_row);
                     let group = grow(&mut ts.bytes, repack::GROUP_ROWS * row_len);
                     repack::pack_group(a.ty, k, &rws, group);
                     repacked_group(isa, a.ty, group, nn, nr, out, qcol);
@@ -260,20 +267,19 @@ impl Exec<'_> {
                     let cw = nn.min(hdot::F16_PAIRS);
                     let per = (hdot::F16_PAIRS / cw).min(nr);
                     let mut d = [0.0f32; hdot::F16_PAIRS];
-                    let span = a.rows_bytes(rows.start, nr, a2, a3);
                     for r0 in (0..nr).step_by(per) {
                         let rn = per.min(nr - r0);
                         let mut rws: [&[u8]; hdot::F16_PAIRS] = [&[]; hdot::F16_PAIRS];
                         for (i, r) in rws.iter_mut().enumerate().take(rn) {
-                            let o = (r0 + i) * a.nb[1];
-                            *r = &span[o..o + row_len];
+                            *r = unit_row(r0 + i);
                         }
                         for j0 in (0..nn).step_by(cw) {
                             let cn = cw.min(nn - j0);
-                            let cls: [&[f32]; hdot::F16_PAIRS] = std::array::from_fn(|j| {
-                                let c = batch0 * n + j0 + j.min(cn - 1);
-                                &packed_f32[c * k..(c + 1) * k]
-                            });
+                            let mut cls: [&[f32]; hdot::F16_PAIRS] = [&[]; hdot::F16_PAIRS];
+                            for (j, cl) in cls.iter_mut().enumerate().take(cn) {
+                                let c = batch0 * n + j0 + j;
+                                *cl = &packed_f32[c * k..(c + 1) * k];
+                            }
                             hdot::dot_pairs_f16(&rws[..rn], &cls[..cn], &mut d[..rn * cn]);
                             // Element by element: a copy of a few floats of run-time
                             // length is a call to `memmove`.
@@ -289,16 +295,12 @@ impl Exec<'_> {
                     // has shorter stretches, and a call past the unit's end repeats its last
                     // row and drops that result: a row's result does not depend on the other
                     // rows of its call).
-                    let span = a.rows_bytes(rows.start, nr, a2, a3);
                     let b = nr.div_ceil(hdot::F16_ROWS);
                     let at = |t: usize, j: usize| (t + b * j).min(nr - 1);
                     let c = batch0 * n;
                     let col = &packed_f32[c * k..(c + 1) * k];
                     for t in 0..b {
-                        let rs = std::array::from_fn(|j| {
-                            let o = at(t, j) * a.nb[1];
-                            &span[o..o + row_len]
-                        });
+                        let rs = std::array::from_fn(|j| unit_row(at(t, j)));
                         let d = hdot::dot_rows_f16(rs, col);
                         for (j, &v) in d.iter().enumerate() {
                             if t + b * j < nr {
@@ -317,17 +319,7 @@ impl Exec<'_> {
                         ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
                         _ => F32_ROWS,
                     };
-                    // The unit's quantized rows, bounds-checked once (row
-                    // `rows.start + i` is `row_len` bytes at `i · nb[1]`).
-                    let span = if sixteen || group == ROWS {
-                        a.rows_bytes(rows.start, nr, a2, a3)
-                    } else {
-                        &[]
-                    };
-                    let qrow = |i: usize| {
-                        let o = (i - rows.start) * a.nb[1];
-                        &span[o..o + row_len]
-                    };
+                    let qrow = |i: usize| unit_row(i - rows.start);
                     // Plain q4_0 rows sixteen at a time where the CPU allows (`q4tiles`; the
                     // same bits as the eight-row kernel): call `t` of the unit's first `wide`
                     // rows reads rows `t + calls · j` (see Q4_UNIT_ROWS); the rest go below.
