@@ -77,9 +77,10 @@ fn prefetch_lines(rows: &[*const u8], pf_at: &mut usize, end: usize, prefetch: u
     }
 }
 
-/// Prefetches the `rows` rows that follow each other from `next` (the next call's), in
-/// step with the current call: once the current block ends at byte `end` of each row, the
-/// first `rows · end` bytes from `next` have been asked for, one line at a time, so that
+/// Prefetches the `rows` rows that follow each other from `first + prefetch` (the next
+/// call's; `prefetch == 0`: nothing), in step with the current call: once the current block
+/// ends at byte `end` of each row, the first `rows · end` bytes of them have been asked for,
+/// one line at a time, so that
 /// every line is asked for once and the whole next call is in cache when it starts. One
 /// stream of addresses from one pointer, where one prefetch per row and line
 /// ([`prefetch_lines`]) reloads every row's pointer. With the former sixteen-row q8_0
@@ -90,7 +91,11 @@ fn prefetch_lines(rows: &[*const u8], pf_at: &mut usize, end: usize, prefetch: u
 /// 1.22–1.38 and 1.15–1.29 against 1.26–1.36 (the eight-row kernel with one prefetch per
 /// row and block: 1.20–1.39, 1.24–1.35).
 #[inline(always)]
-fn prefetch_region(next: *const u8, rows: usize, pf_at: &mut usize, end: usize) {
+fn prefetch_region(first: *const u8, prefetch: usize, rows: usize, pf_at: &mut usize, end: usize) {
+    if prefetch == 0 {
+        return;
+    }
+    let next = first.wrapping_add(prefetch);
     let want = rows * end;
     while *pf_at < want {
         // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults (the address may
@@ -246,15 +251,8 @@ pub(crate) unsafe fn q8_0_rows8(
     let mut pf_at = 0usize;
     for b in 0..nb {
         let off = b * Q8_0_BYTES;
-        if prefetch != 0 {
-            // The next call's eight rows, `prefetch` bytes on (they follow each other).
-            prefetch_region(
-                rp[0].wrapping_add(prefetch),
-                ROWS,
-                &mut pf_at,
-                off + Q8_0_BYTES,
-            );
-        }
+        // The next call's eight rows, `prefetch` bytes on (they follow each other).
+        prefetch_region(rp[0], prefetch, ROWS, &mut pf_at, off + Q8_0_BYTES);
         // SAFETY: block b of every row (34 bytes at `off`) and of the column is inside them
         // (caller's contract).
         unsafe {
@@ -398,15 +396,8 @@ pub(crate) unsafe fn q4_1_rows16(
     let mut pf_at = 0usize;
     for b in 0..nb {
         let off = b * Q4_1_BYTES;
-        if prefetch != 0 {
-            // The next call's sixteen rows, `prefetch` bytes on (they follow each other).
-            prefetch_region(
-                rp[0].wrapping_add(prefetch),
-                ROWS16,
-                &mut pf_at,
-                off + Q4_1_BYTES,
-            );
-        }
+        // The next call's sixteen rows, `prefetch` bytes on (they follow each other).
+        prefetch_region(rp[0], prefetch, ROWS16, &mut pf_at, off + Q4_1_BYTES);
         // SAFETY: before the last block, 32 bytes at `off` lie inside every row (`20 · b +
         // 32 ≤ 20 · nb` for `b ≤ nb − 2`, the caller's contract); the copies hold 32 bytes;
         // block b of the column is inside it.
