@@ -822,6 +822,7 @@ pub(crate) mod x86 {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::*;
 
     /// The block-copying packers (the dispatched one, with AVX-512 where the CPU has it, and
     /// the portable one) write what the run-mapping one does, for every type, with rows of
@@ -849,8 +850,6 @@ pub(crate) mod tests {
             }
         }
     }
-
-    use super::*;
 
     /// Bytes of one plain q4_0 block.
     const BLOCK: usize = 18;
