@@ -8,10 +8,12 @@
 //! contiguous bytes, whose 64 quant bytes fill one register after one byte permute), and the
 //! lanes of the arithmetic are (block, row) pairs of a tile of four rows:
 //!
-//! * a row's register, 32-bit lane `4j + c`: quant bytes `4c .. 4c + 4` of block `j`; its
-//!   low and high nibbles against the column's matching bytes (two `dpbusd`) give the exact
-//!   partial sums of that lane;
-//! * the four rows of a tile are reduced together (two levels of `unpack` and add) so that
+//! * two rows share a pair of registers: `A` holds quant bytes `0..8` of each block of both
+//!   rows, `B` bytes `8..16` (one byte permute each, from the rows' step bytes `0..64` and
+//!   `8..72`), so that 128-bit lane `j` is block `j`: dwords `[row 0, row 1, row 0, row 1]`.
+//!   Their low and high nibbles against the column's matching bytes (four `dpbusd`) give
+//!   two exact partial sums per row and block;
+//! * the two pairs of a tile are finished together (two 64-bit `unpack` and an add) so that
 //!   lane `4j + r` is the exact sum of block `j` of row `r`; minus the column's `8 · Σ q`,
 //!   converted, times `d_w · d_a` (the rows' scales are picked into the same lanes by two
 //!   word permutes and a blend);
@@ -20,12 +22,21 @@
 //!   products (blocks 0 and 1) and one with its upper half (blocks 2 and 3) continue each
 //!   row's even and odd chains block by block, exactly as the plain kernels do.
 //!
+//! One register per row with a four-level reduction across the tile (the first version)
+//! did the same work in more instructions; in L2 (`benches/thin_cpu.rs`, 4096 × 256, one
+//! thread, four alternated runs) the pairs took 10.5–11.0 µs against 11.3–12.0 for one
+//! column and 28.6–29.9 against 35.3–38.1 for four, most of it from building each step's
+//! column views in a loop rather than in `array::from_fn`, whose closure the compiler had
+//! left out of line (a call and a copy per column and step).
+//!
 //! Every f32 operation is the plain kernels' (`d_w · d_a` rounded, one FMA per block into
 //! the even or odd accumulator, even + odd at the end) on the same exact integer sums.
 //!
-//! The four tiles advance side by side, step by step (sixteen streams from memory), with
-//! their accumulators in registers. The executor gives a call rows a stride apart so that
-//! each stream runs on through consecutive rows from call to call (`exec::mul_mat`).
+//! The four tiles advance side by side, step by step, with their accumulators in registers.
+//! Where the executor's rows follow each other, a call also asks for the next call's
+//! sixteen rows (one stream of addresses, in step with its own progress, as `qmv512` does),
+//! so that from DRAM the memory sees one sequential stream; otherwise each row is
+//! prefetched a fixed distance ahead of its own stream (`x86::PREFETCH`).
 
 use crate::quant::{Q4_0_BYTES, QK};
 
@@ -47,11 +58,14 @@ pub(crate) fn available() -> bool {
 
 /// `out[c][r]` = plain q4_0 row `r` (`nb` blocks at `rows[r * stride ..]`) dotted with
 /// column `cols[c]` packed by `quant::quantize_q8_col` (`nb` blocks): the same bits as
-/// `quant::dot_q4_0_q8_0_rows` on the same rows. Only where [`available`].
+/// `quant::dot_q4_0_q8_0_rows` on the same rows. `next`: the next call's rows are the
+/// `16 · stride` bytes from `rows + next` (prefetched as this call goes); 0: none (each row
+/// is prefetched ahead of itself instead). Only where [`available`].
 pub(crate) fn dot_rows16<const NC: usize>(
     rows: &[u8],
     stride: usize,
     cols: [&[u8]; NC],
+    next: usize,
 ) -> [[f32; ROWS]; NC] {
     let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
     let end = (ROWS - 1)
@@ -67,7 +81,7 @@ pub(crate) fn dot_rows16<const NC: usize>(
     {
         // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
         // `r * stride` inside `rows` and every column `nb` packed blocks (asserted above).
-        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb) }
+        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next) }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     unreachable!("`available` is false without x86-64")
@@ -86,8 +100,8 @@ mod x86 {
     /// Blocks of a row per step.
     const STEP: usize = 4;
 
-    /// How far ahead of the step being computed each row is prefetched, in bytes (and how
-    /// much of each row is prefetched before the loop). Measured from DRAM, 8192 × 16384
+    /// Where a call has no `next` rows: how far ahead of the step being computed each row is
+    /// prefetched, in bytes (and how much of each row is prefetched before the loop). Measured from DRAM, 8192 × 16384
     /// weights, one thread (`benches/matvec.rs`, `BENCH_THREADS=1`, alternated runs on a
     /// loaded machine) with an earlier kernel of one block per step and sixteen-row units:
     /// 3.6–3.8 ms with no prefetch before the loop and 512 bytes in it; 3.0–3.5 ms with 512
@@ -101,11 +115,22 @@ mod x86 {
     const PREFETCH: usize = 384;
 
     /// The permutes' index vectors, made once per call.
+    ///
+    /// Two rows share a register: of a row pair, register `A` holds quant bytes `0..8` of
+    /// every block and register `B` bytes `8..16`, so that the four `dpbusd` of a pair leave
+    /// in 128-bit lane `j` the dwords `[row 0 half 0, row 1 half 0, row 0 half 1, row 1
+    /// half 1]` of block `j`, and two 64-bit unpacks and one add finish a tile's sums.
     struct Indices {
-        /// Byte `16j + q` of a row's register: quant byte `q` of block `j`, which is byte
-        /// `18j + 2 + q` of the step's 72 bytes: of the first 64 (one register), or of bytes
-        /// 56..72 (a second register, index `64 + byte − 56`).
-        quants: __m512i,
+        /// Byte `16j + 4d + t` of a pair's `A`: quant byte `4(d / 2) + t` of block `j` of
+        /// row `d % 2`, which is byte `18j + 2 + q` of that row's first 64 step bytes (the
+        /// second row's from index 64).
+        quants_a: __m512i,
+        /// The same for `B` (quant bytes `8 + 4(d / 2) + t`), from the step bytes `8..72`.
+        quants_b: __m512i,
+        /// The column's partners of `A`'s low nibbles, `A`'s high nibbles, `B`'s low and
+        /// `B`'s high nibbles: byte `16j + 4d + t` is column quant `32j + o + 4(d / 2) + t`
+        /// of the step's 128 bytes, `o` = 0, 16, 8, 24.
+        col: [__m512i; 4],
         /// Word `4j + r` (`j < 4`): word `9j` (block `j`'s scale) of the first of two rows'
         /// registers for even `r`, of the second (index `32 + 9j`) for odd `r`.
         scales: __m512i,
@@ -116,34 +141,46 @@ mod x86 {
     impl Indices {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
         fn new() -> Indices {
-            let quants: [u8; 64] = std::array::from_fn(|o| {
-                let src = 18 * (o / 16) + 2 + o % 16;
-                (if src < 64 { src } else { 64 + src - 56 }) as u8
-            });
+            // (block, row of the pair, quarter of the half, byte) of output byte `o`.
+            let parts = |o: usize| (o / 16, o / 4 % 2, o / 8 % 2, o % 4);
+            let pair = |half: usize, from: usize| -> [u8; 64] {
+                std::array::from_fn(|o| {
+                    let (j, row, c, t) = parts(o);
+                    (64 * row + 18 * j + 2 + 8 * half + 4 * c + t - from) as u8
+                })
+            };
+            let col = |at: usize| -> [u8; 64] {
+                std::array::from_fn(|o| {
+                    let (j, _, c, t) = parts(o);
+                    (32 * j + at + 4 * c + t) as u8
+                })
+            };
             let scales: [u16; 32] = std::array::from_fn(|w| {
                 let (j, r) = (w / 4 % 4, w % 4);
                 (9 * j + if r % 2 == 1 { 32 } else { 0 }) as u16
             });
-            // SAFETY: both arrays are 64 bytes.
-            let (quants, scales) = unsafe {
-                (
-                    _mm512_loadu_si512(quants.as_ptr().cast()),
-                    _mm512_loadu_si512(scales.as_ptr().cast()),
-                )
+            let load = |v: &[u8]| {
+                // SAFETY: every caller passes 64 bytes.
+                unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
             };
+            // SAFETY: 64 bytes.
+            let scales = unsafe { _mm512_loadu_si512(scales.as_ptr().cast()) };
             Indices {
-                quants,
+                quants_a: load(&pair(0, 0)),
+                quants_b: load(&pair(1, 8)),
+                col: [0, 16, 8, 24].map(|at| load(&col(at))),
                 scales,
                 spread: _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
             }
         }
     }
 
-    /// A step's view of one packed column: the low-nibble and high-nibble partners of the
-    /// rows' registers, and each block's correction and scale in its 128-bit lane.
+    /// A step's view of one packed column: the partners of the row pairs' `A` low and high
+    /// nibbles and `B` low and high nibbles, and each block's correction and scale in its
+    /// 128-bit lane.
+    #[derive(Clone, Copy)]
     struct ColStep {
-        lo: __m512i,
-        hi: __m512i,
+        q: [__m512i; 4],
         corr: __m512i,
         dy: __m512,
     }
@@ -181,8 +218,7 @@ mod x86 {
             }
         };
         ColStep {
-            lo: _mm512_shuffle_i32x4::<0b10_00_10_00>(l0, l1),
-            hi: _mm512_shuffle_i32x4::<0b11_01_11_01>(l0, l1),
+            q: ix.col.map(|i| _mm512_permutex2var_epi8(l0, i, l1)),
             corr: _mm512_permutexvar_epi32(ix.spread, corr),
             dy: _mm512_permutexvar_ps(ix.spread, dy),
         }
@@ -205,18 +241,18 @@ mod x86 {
         acc: &mut [__m256; NC],
     ) {
         // SAFETY: the caller's contract; the row loads are masked to the step's 18·v bytes
-        // unless v = 4 (then all 72 exist).
+        // unless v = 4 (then all 72 exist). Each row: its step bytes 0..64 and 8..72.
         let raw: [[__m512i; 2]; TILE] = std::array::from_fn(|r| unsafe {
             let q = p.add(r * stride);
             if v == STEP {
                 [
                     _mm512_loadu_si512(q.cast()),
-                    _mm512_castsi128_si512(_mm_loadu_si128(q.add(56).cast())),
+                    _mm512_loadu_si512(q.add(8).cast()),
                 ]
             } else {
                 [
                     _mm512_maskz_loadu_epi8(u64::MAX >> (64 - 18 * v), q.cast()),
-                    _mm512_setzero_si512(),
+                    _mm512_maskz_loadu_epi8(u64::MAX >> (64 - (18 * v - 8)), q.add(8).cast()),
                 ]
             }
         });
@@ -226,32 +262,33 @@ mod x86 {
         let scales = _mm512_mask_blend_epi16(0xcccc_cccc, pair(0), pair(2));
         let dx = _mm512_cvtph_ps(_mm512_castsi512_si256(scales));
         let m4 = _mm512_set1_epi8(0x0f);
-        let x: [[__m512i; 2]; TILE] = std::array::from_fn(|r| {
-            let w = _mm512_permutex2var_epi8(raw[r][0], ix.quants, raw[r][1]);
-            [
-                _mm512_and_si512(w, m4),
-                _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4),
-            ]
+        // Per row pair: A's low and high nibbles, B's low and high nibbles.
+        let x: [[__m512i; 4]; TILE / 2] = std::array::from_fn(|h| {
+            let (r0, r1) = (raw[2 * h], raw[2 * h + 1]);
+            let a = _mm512_permutex2var_epi8(r0[0], ix.quants_a, r1[0]);
+            let b = _mm512_permutex2var_epi8(r0[1], ix.quants_b, r1[1]);
+            let lo = |w: __m512i| _mm512_and_si512(w, m4);
+            let hi = |w: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+            [lo(a), hi(a), lo(b), hi(b)]
         });
         // Blocks past the last (v < 4) are left out of the FMAs.
         let lanes = u16::MAX >> (16 - 4 * v);
         let (fma_lo, fma_hi) = (lanes as __mmask8, (lanes >> 8) as __mmask8);
         for (acc, col) in acc.iter_mut().zip(cols) {
-            let z = _mm512_setzero_si512();
-            let s: [__m512i; TILE] = std::array::from_fn(|r| {
-                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, x[r][0], col.lo), x[r][1], col.hi)
+            let s: [__m512i; TILE / 2] = std::array::from_fn(|h| {
+                let [a_lo, a_hi, b_lo, b_hi] = x[h];
+                let z = _mm512_setzero_si512();
+                let sa =
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, a_lo, col.q[0]), a_hi, col.q[1]);
+                let sb =
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, b_lo, col.q[2]), b_hi, col.q[3]);
+                _mm512_add_epi32(sa, sb)
             });
-            // Lane 4j + r: the sum of row r's four lanes of block j (exact).
-            let u0 = _mm512_add_epi32(
-                _mm512_unpacklo_epi32(s[0], s[1]),
-                _mm512_unpackhi_epi32(s[0], s[1]),
+            // Lane 4j + r: the sum of block j of row r (exact).
+            let sums = _mm512_add_epi32(
+                _mm512_unpacklo_epi64(s[0], s[1]),
+                _mm512_unpackhi_epi64(s[0], s[1]),
             );
-            let u1 = _mm512_add_epi32(
-                _mm512_unpacklo_epi32(s[2], s[3]),
-                _mm512_unpackhi_epi32(s[2], s[3]),
-            );
-            let sums =
-                _mm512_add_epi32(_mm512_unpacklo_epi64(u0, u1), _mm512_unpackhi_epi64(u0, u1));
             let sf = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, col.corr));
             let d = _mm512_mul_ps(dx, col.dy);
             let high = |v: __m512| {
@@ -279,10 +316,12 @@ mod x86 {
         stride: usize,
         cols: [&[u8]; NC],
         nb: usize,
+        next: usize,
     ) -> [[f32; ROWS]; NC] {
         let ix = Indices::new();
         let c = cols.map(|col| col_parts(col, nb));
-        for r in 0..ROWS {
+        let mut next_at = 0;
+        for r in 0..ROWS * (next == 0) as usize {
             for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(r * stride + line).cast());
             }
@@ -293,6 +332,11 @@ mod x86 {
         // bytes ahead of the step that reads it.
         let mut pf_at = PREFETCH;
         let mut acc = [[_mm256_setzero_ps(); NC]; ROWS / TILE];
+        let zero_step = ColStep {
+            q: [_mm512_setzero_si512(); 4],
+            corr: _mm512_setzero_si512(),
+            dy: _mm512_setzero_ps(),
+        };
         // Step by step, the four tiles side by side (sixteen streams).
         macro_rules! tiles {
             ($b:expr, $v:expr) => {{
@@ -300,8 +344,20 @@ mod x86 {
                 // SAFETY: blocks b .. b + v of the rows and the columns exist (the caller's
                 // contract, b + v <= nb).
                 unsafe {
-                    let cs: [ColStep; NC] = std::array::from_fn(|i| col_step(&ix, &c[i], b, v));
-                    while pf_at < (b + v) * Q4_0_BYTES + PREFETCH {
+                    // A loop, not `array::from_fn`: its closure was left out of line, one call
+                    // and one copy of the result per column and step.
+                    let mut cs = [zero_step; NC];
+                    for (s, c) in cs.iter_mut().zip(&c) {
+                        *s = col_step(&ix, c, b, v);
+                    }
+                    if next != 0 {
+                        let to = rows.wrapping_add(next);
+                        while next_at < ROWS * (b + v) * Q4_0_BYTES {
+                            _mm_prefetch::<_MM_HINT_T0>(to.wrapping_add(next_at).cast());
+                            next_at += 64;
+                        }
+                    }
+                    while next == 0 && pf_at < (b + v) * Q4_0_BYTES + PREFETCH {
                         for r in 0..ROWS {
                             _mm_prefetch::<_MM_HINT_T0>(
                                 rows.wrapping_add(r * stride + pf_at).cast(),
@@ -309,11 +365,9 @@ mod x86 {
                         }
                         pf_at += 64;
                     }
-                    let [a0, a1, a2, a3] = &mut acc;
-                    step(&ix, tile(0).add(b * Q4_0_BYTES), stride, &cs, v, a0);
-                    step(&ix, tile(1).add(b * Q4_0_BYTES), stride, &cs, v, a1);
-                    step(&ix, tile(2).add(b * Q4_0_BYTES), stride, &cs, v, a2);
-                    step(&ix, tile(3).add(b * Q4_0_BYTES), stride, &cs, v, a3);
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        step(&ix, tile(t).add(b * Q4_0_BYTES), stride, &cs, v, acc);
+                    }
                 }
             }};
         }
@@ -382,9 +436,9 @@ mod tests {
                 let stride = row_len + gap;
                 let v = spaced(&rows, row_len, stride);
                 let bits = |d: &[f32; ROWS]| d.map(f32::to_bits);
-                let [one] = dot_rows16(&v, stride, [col(2)]);
+                let [one] = dot_rows16(&v, stride, [col(2)], 0);
                 assert_eq!(bits(&one), bits(&want[2]), "nb {nb} gap {gap}, one column");
-                let four = dot_rows16(&v, stride, [col(0), col(1), col(2), col(3)]);
+                let four = dot_rows16(&v, stride, [col(0), col(1), col(2), col(3)], 16 * stride);
                 for (c, d) in four.iter().enumerate() {
                     assert_eq!(
                         bits(d),
