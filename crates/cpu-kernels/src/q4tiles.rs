@@ -23,11 +23,12 @@
 //!   row's even and odd chains block by block, exactly as the plain kernels do.
 //!
 //! One register per row with a four-level reduction across the tile (the first version)
-//! did the same work in more instructions; in L2 (`benches/thin_cpu.rs`, 4096 × 256, one
-//! thread, four alternated runs) the pairs took 10.5–11.0 µs against 11.3–12.0 for one
-//! column and 28.6–29.9 against 35.3–38.1 for four, most of it from building each step's
-//! column views in a loop rather than in `array::from_fn`, whose closure the compiler had
-//! left out of line (a call and a copy per column and step).
+//! does the same work in more instructions. In L2 (`benches/thin_cpu.rs`, 4096 × 256, one
+//! thread, five alternated runs) the two were as fast for one column (10.6–11.4 µs against
+//! 10.7–11.4) and the pairs 3 % faster for four (28.9–29.3 against 29.9–30.4). What made
+//! both faster (from 11.3–12.0 and 35.3–38.1) was building each step's column views in a
+//! loop: in `array::from_fn` the compiler had left the closure out of line, a call and a
+//! 256-byte copy per column and step.
 //!
 //! Every f32 operation is the plain kernels' (`d_w · d_a` rounded, one FMA per block into
 //! the even or odd accumulator, even + odd at the end) on the same exact integer sums.
