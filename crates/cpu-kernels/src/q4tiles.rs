@@ -59,9 +59,10 @@ pub(crate) fn available() -> bool {
 
 /// `out[c][r]` = plain q4_0 row `r` (`nb` blocks at `rows[r * stride ..]`) dotted with
 /// column `cols[c]` packed by `quant::quantize_q8_col` (`nb` blocks): the same bits as
-/// `quant::dot_q4_0_q8_0_rows` on the same rows. `next`: the next call's rows are the
-/// `16 · stride` bytes from `rows + next` (prefetched as this call goes); 0: none (each row
-/// is prefetched ahead of itself instead). Only where [`available`].
+/// `quant::dot_q4_0_q8_0_rows` on the same rows. `next` (for rows that follow each other,
+/// `stride` their length): the next call's sixteen rows start at `rows + next` and are
+/// prefetched as this call goes; 0: none (each row is prefetched ahead of itself instead).
+/// Only where [`available`].
 pub(crate) fn dot_rows16<const NC: usize>(
     rows: &[u8],
     stride: usize,
@@ -93,6 +94,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{QK, ROWS};
+    use crate::qmv512::prefetch_region;
     use crate::quant::Q4_0_BYTES;
     use crate::repack::x86::{Col, col_parts};
 
@@ -321,17 +323,23 @@ mod x86 {
     ) -> [[f32; ROWS]; NC] {
         let ix = Indices::new();
         let c = cols.map(|col| col_parts(col, nb));
-        let mut next_at = 0;
-        for r in 0..ROWS * (next == 0) as usize {
-            for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(r * stride + line).cast());
+        // Without `next`, each row's start is asked for here and then each row runs
+        // `PREFETCH` bytes ahead of itself; with it, these rows were asked for by the call
+        // before and this call asks for the next one's as it goes.
+        if next == 0 {
+            for r in 0..ROWS {
+                for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(r * stride + line).cast());
+                }
             }
         }
         let full = nb / STEP * STEP;
         let tile = |t: usize| rows.wrapping_add(TILE * t * stride);
-        // Offset in every row of the next line to prefetch: each line once, `PREFETCH`
-        // bytes ahead of the step that reads it.
+        // Offset in every row of the next line to prefetch (without `next`): each line once,
+        // `PREFETCH` bytes ahead of the step that reads it.
         let mut pf_at = PREFETCH;
+        // Bytes of the next call's rows asked for so far (with `next`).
+        let mut next_at = 0;
         let mut acc = [[_mm256_setzero_ps(); NC]; ROWS / TILE];
         let zero_step = ColStep {
             q: [_mm512_setzero_si512(); 4],
@@ -351,13 +359,7 @@ mod x86 {
                     for (s, c) in cs.iter_mut().zip(&c) {
                         *s = col_step(&ix, c, b, v);
                     }
-                    if next != 0 {
-                        let to = rows.wrapping_add(next);
-                        while next_at < ROWS * (b + v) * Q4_0_BYTES {
-                            _mm_prefetch::<_MM_HINT_T0>(to.wrapping_add(next_at).cast());
-                            next_at += 64;
-                        }
-                    }
+                    prefetch_region(rows, next, ROWS, &mut next_at, (b + v) * Q4_0_BYTES);
                     while next == 0 && pf_at < (b + v) * Q4_0_BYTES + PREFETCH {
                         for r in 0..ROWS {
                             _mm_prefetch::<_MM_HINT_T0>(

@@ -91,7 +91,13 @@ fn prefetch_lines(rows: &[*const u8], pf_at: &mut usize, end: usize, prefetch: u
 /// 1.22–1.38 and 1.15–1.29 against 1.26–1.36 (the eight-row kernel with one prefetch per
 /// row and block: 1.20–1.39, 1.24–1.35).
 #[inline(always)]
-fn prefetch_region(first: *const u8, prefetch: usize, rows: usize, pf_at: &mut usize, end: usize) {
+pub(crate) fn prefetch_region(
+    first: *const u8,
+    prefetch: usize,
+    rows: usize,
+    pf_at: &mut usize,
+    end: usize,
+) {
     if prefetch == 0 {
         return;
     }
