@@ -86,7 +86,10 @@ pub(crate) fn dot_rows16<const NC: usize>(
         unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next) }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    unreachable!("`available` is false without x86-64")
+    {
+        let _ = next;
+        unreachable!("`available` is false without x86-64")
+    }
 }
 
 #[cfg(all(target_arch = "x86_64", not(miri)))]
