@@ -1,54 +1,13 @@
-//! Matrix products (MUL_MAT): the dispatch by weight type and column count, and its paths —
-//! the dot path over rows of quantized or f16 weights (decode), register tiles for f32
-//! weights with few columns, our AVX-512 `sgemm`, the repacked q4_0 layout and the `gemm`
-//! crate. Split from the executor because it is most of its code; the rules of work units
-//! and threads are the executor's (`super`).
+//! Matrix products (MUL_MAT): the dispatch by weight type and column count, the packing of
+//! the columns, and the paths — the dot path over rows of quantized or f16 weights and f32
+//! weights against few columns (module `dot`), our AVX-512 `sgemm`, the `CPU_REPACK`
+//! layouts and the `gemm` crate. Split from the executor because it is most of its code;
+//! the rules of work units and threads are the executor's (`super`).
 
 use super::*;
 use crate::{q4tiles, repack};
 
-/// Rows of a unit of one-column f16 products read in place: eight calls of the kernel's
-/// [`hdot::F16_ROWS`] rows, call `t` taking rows `t, t + 8, .., t + 40` of the unit, so that
-/// the six rows a call reads side by side are six contiguous stretches of eight rows each,
-/// read from front to back through the unit's calls. Each row's prefetch then runs on into
-/// the row its stretch needs next, and the six streams restart cold once a unit instead of
-/// once a call, as with groups of six consecutive rows (three such groups a unit made the
-/// 64 MiB f16 mat-vec of `benches/matvec.rs` 0.82 of the read, median of rounds; these
-/// units 0.95, on two threads of a loaded machine; the `f16_strided` loop of
-/// `benches/stream_shape.rs` shows the same on one thread).
-const F16_UNIT_ROWS: usize = 8 * hdot::F16_ROWS;
-
-/// Rows of a unit of several-column f16 products read in place (`hdot::dot_pairs_f16`):
-/// a decode step's `K·Q` has a few hundred rows of 64 elements per head, and each unit costs
-/// a claim, a scratch lookup and a store per column.
-const F16_PAIRS_UNIT_ROWS: usize = 64;
-
-/// The kernel calls over the `nn` columns of a q4_0 row group (`n` per head): four columns
-/// per call share the rows' unpacking, in fours from each head's first column (as without
-/// GQA), then one at a time. `call(j, four)` covers column `j` and, if `four`, the three
-/// after it.
-fn q4_column_calls(nn: usize, n: usize, mut call: impl FnMut(usize, bool)) {
-    for h in (0..nn).step_by(n) {
-        let mut j = h;
-        while j + Q4_COLS <= h + n {
-            call(j, true);
-            j += Q4_COLS;
-        }
-        for j in j..h + n {
-            call(j, false);
-        }
-    }
-}
-
-/// Rows of a unit of plain q4_0 products by the `q4tiles` kernel: four calls of sixteen
-/// consecutive rows, each asking for the next call's rows as it goes (one sequential stream
-/// from memory). From DRAM (8192 × 16384 weights, two threads, `benches/matvec.rs`, six
-/// alternated runs on a loaded machine) the product took 1.17–1.39 times the read's time
-/// (median 1.27) this way against 1.21–1.45 (median 1.37) with the earlier order: call `t`
-/// taking rows `t, t + 4, .., t + 60`, so that each of its sixteen streams ran on through
-/// four consecutive rows, each row prefetched ahead of itself. (That order had beaten
-/// sixteen consecutive rows prefetched row by row, 1.20–1.29 against 1.41–1.54.)
-const Q4_UNIT_ROWS: usize = 4 * q4tiles::ROWS;
+mod dot;
 
 impl Exec<'_> {
     /// `packed`: `a` is q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of
@@ -123,10 +82,8 @@ impl Exec<'_> {
         let quantized = a.ty.is_quantized();
         let ncols = n * n_batch;
         // q4_0 rows read the column in `quant`'s own layout (f32 scales, precomputed
-        // corrections), q8_0 rows as q8_0 blocks.
+        // corrections), q4_1 and q8_0 rows as `qdot` packs it (ggml's x86 rule).
         let q4 = a.ty == ElementType::Q4_0;
-        // q4_1 and q8_0 rows read the column as `qdot` packs it (ggml's x86 rule).
-        let ggml_order = qdot_kind(a.ty);
         let col_bytes = if q4 {
             quant::q8_col_bytes(k)
         } else {
@@ -159,284 +116,23 @@ impl Exec<'_> {
         }
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
-        let row_len = a.ty.row_size(k);
         let isa = quant::Isa::best();
-        let tiled = a.ty == ElementType::F32 && n >= F32_TILE_MIN_N;
-        let half_order = hdot::Order::for_shape(k, m, n);
-        // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
-        let qdot_prefetch = if a.nb[1] == a.ty.row_size(k) {
-            ROWS * a.nb[1]
-        } else {
-            0
-        };
-        // The sixteen-row kernels' next call is sixteen rows on.
-        let qdot16_prefetch = qdot::ROWS16 / ROWS * qdot_prefetch;
         // The `bh` query heads that share one matrix of `a` (GQA: `r2` of them) go in one
         // unit, so that its rows are read (and for f16, converted) once for all of them: the
         // heads' columns are the consecutive packed columns `batch0 · n ..`, `nn` in all.
         let bh = if a.ne[2] * r2 == dst.ne[2] { r2 } else { 1 };
-        let nn = bh * n;
-        // One-column f16 products read their rows in place, converting in registers
-        // (`hdot::dot_rows_f16`), where the CPU has that kernel; with several columns the
-        // rows are converted once into scratch and shared by the columns.
-        let direct_f16 = a.ty == ElementType::F16
-            && half_order == hdot::Order::VecDot
-            && nn == 1
-            && a.rows_contiguous()
-            && hdot::has_direct_f16();
-        // Several columns of f16 weights in the one-column order (a decode step's attention
-        // with grouped-query heads: `bh` columns per matrix of the KV cache) read their rows
-        // in place too, each row converted once for all its columns
-        // (`hdot::dot_pairs_f16`).
-        let pairs_f16 = a.ty == ElementType::F16
-            && half_order == hdot::Order::VecDot
-            && nn >= 2
-            && a.rows_contiguous()
-            && hdot::has_direct_f16();
-        // Plain q4_0, q4_1 and q8_0 weights against several columns: each group of sixteen
-        // rows is repacked into scratch and the repacked kernels run on it
-        // ([`repack_on_the_fly`]; `Isa::Avx512` includes VNNI and is never chosen under Miri).
-        let transient = !packed
-            && repack_on_the_fly(a.ty, nn)
-            && a.rows_contiguous()
-            && isa == quant::Isa::Avx512;
-        // Plain q4_0 rows where the CPU has the `q4tiles` kernel: units of [`Q4_UNIT_ROWS`].
-        let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
-        let unit_rows = if direct_f16 {
-            F16_UNIT_ROWS
-        } else if pairs_f16 {
-            F16_PAIRS_UNIT_ROWS
-        } else if transient {
-            MM_ROWS
-        } else if wide_q4 {
-            Q4_UNIT_ROWS
-        } else {
-            MM_ROWS
+        let cols = PackedCols {
+            bytes: packed_q,
+            col_bytes,
+            n,
+            nn: bh * n,
+            bh,
         };
-        let mblocks = m.div_ceil(unit_rows);
         let this = &*self;
         if packed {
-            let cols = PackedCols {
-                bytes: packed_q,
-                col_bytes,
-                n,
-                nn,
-                bh,
-            };
             return this.mul_mat_repacked(dst, a, &cols, r2, r3, isa);
         }
-        this.par_for_contiguous(n_batch / bh * mblocks, unit_rows * k * nn, |units, ts| {
-            for u in units {
-                let (batch0, mb) = (u / mblocks * bh, u % mblocks);
-                let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
-                let (a2, a3) = (i2_0 / r2, i3 / r3);
-                let rows = mb * unit_rows..((mb + 1) * unit_rows).min(m);
-                let nr = rows.len();
-                let out = grow(&mut ts.c, nr * nn);
-                // Packed column `j` of the unit (of `nn`), for quantized weights.
-                let qcol = |j: usize| {
-                    let c = batch0 * n + j;
-                    &packed_q[c * col_bytes..(c + 1) * col_bytes]
-                };
-                // The unit's rows where they are dense, bounds-checked once: row
-                // `rows.start + i` is `row_len` bytes at `i · nb[1]` of `span`.
-                let span = if a.rows_contiguous() {
-                    a.rows_bytes(rows.start, nr, a2, a3)
-                } else {
-                    &[]
-                };
-                let unit_row = |i: usize| {
-                    let o = i * a.nb[1];
-                    &span[o..o + row_len]
-                };
-                if transient && nr == repack::GROUP_ROWS {
-                    let rws: [&[u8]; repack::GROUP_ROWS] = std::array::from_fn(unit_row);
-                    let group = grow(&mut ts.bytes, repack::GROUP_ROWS * row_len);
-                    repack::pack_group(a.ty, k, &rws, group);
-                    repacked_group(isa, a.ty, group, nn, nr, out, qcol);
-                } else if tiled {
-                    let rws: [&[f32]; MM_ROWS] =
-                        f32_rows(a, |i| rows.start + i.min(nr - 1), a2, a3, &mut ts.a);
-                    // One call per head: the tiles' slicing depends on the column count.
-                    for h in 0..bh {
-                        let batch = batch0 + h;
-                        let cols = &packed_f32[batch * n * k..(batch + 1) * n * k];
-                        mul_mat_tiles_f32(isa, &rws[..nr], cols, k, &mut out[h * n * nr..]);
-                    }
-                } else if pairs_f16 {
-                    // Rows `per` at a time against columns `cw` at a time: at most
-                    // `F16_PAIRS` products a call.
-                    let cw = nn.min(hdot::F16_PAIRS);
-                    let per = (hdot::F16_PAIRS / cw).min(nr);
-                    let mut d = [0.0f32; hdot::F16_PAIRS];
-                    for r0 in (0..nr).step_by(per) {
-                        let rn = per.min(nr - r0);
-                        let mut rws: [&[u8]; hdot::F16_PAIRS] = [&[]; hdot::F16_PAIRS];
-                        for (i, r) in rws.iter_mut().enumerate().take(rn) {
-                            *r = unit_row(r0 + i);
-                        }
-                        for j0 in (0..nn).step_by(cw) {
-                            let cn = cw.min(nn - j0);
-                            let mut cls: [&[f32]; hdot::F16_PAIRS] = [&[]; hdot::F16_PAIRS];
-                            for (j, cl) in cls.iter_mut().enumerate().take(cn) {
-                                let c = batch0 * n + j0 + j;
-                                *cl = &packed_f32[c * k..(c + 1) * k];
-                            }
-                            hdot::dot_pairs_f16(&rws[..rn], &cls[..cn], &mut d[..rn * cn]);
-                            // Element by element: a copy of a few floats of run-time
-                            // length is a call to `memmove`.
-                            for c in 0..cn {
-                                for r in 0..rn {
-                                    out[(j0 + c) * nr + r0 + r] = d[c * rn + r];
-                                }
-                            }
-                        }
-                    }
-                } else if direct_f16 {
-                    // Call `t` reads rows `t + b·j` (see F16_UNIT_ROWS; a short last unit
-                    // has shorter stretches, and a call past the unit's end repeats its last
-                    // row and drops that result: a row's result does not depend on the other
-                    // rows of its call).
-                    let b = nr.div_ceil(hdot::F16_ROWS);
-                    let at = |t: usize, j: usize| (t + b * j).min(nr - 1);
-                    let c = batch0 * n;
-                    let col = &packed_f32[c * k..(c + 1) * k];
-                    for t in 0..b {
-                        let rs = std::array::from_fn(|j| unit_row(at(t, j)));
-                        let d = hdot::dot_rows_f16(rs, col);
-                        for (j, &v) in d.iter().enumerate() {
-                            if t + b * j < nr {
-                                out[t + b * j] = v;
-                            }
-                        }
-                    }
-                } else {
-                    // Groups of weight rows share each column load (a short last group repeats
-                    // its last row and drops the extra results; a row's result does not depend
-                    // on the other rows of its group).
-                    // One column (a decode step) of q4_1 or q8_0: sixteen rows per call.
-                    let sixteen = ggml_order.is_some() && nn == 1;
-                    let group = match a.ty {
-                        _ if sixteen => qdot::ROWS16,
-                        ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
-                        _ => F32_ROWS,
-                    };
-                    let qrow = |i: usize| unit_row(i - rows.start);
-                    // Plain q4_0 rows sixteen at a time where the CPU allows (`q4tiles`; the
-                    // same bits as the eight-row kernel): the unit's first `wide` rows, each
-                    // call prefetching the next call's rows where rows follow each other (see
-                    // [`Q4_UNIT_ROWS`]); the rest go below.
-                    let wide = if wide_q4 {
-                        nr / q4tiles::ROWS * q4tiles::ROWS
-                    } else {
-                        0
-                    };
-                    let next = qdot_prefetch / ROWS * q4tiles::ROWS;
-                    for r0 in (0..wide).step_by(q4tiles::ROWS) {
-                        let rws = &span[r0 * a.nb[1]..];
-                        q4_column_calls(nn, n, |j, four| {
-                            let mut put = |c: usize, d: &[f32; q4tiles::ROWS]| {
-                                let at = (j + c) * nr + r0;
-                                out[at..at + q4tiles::ROWS].copy_from_slice(d);
-                            };
-                            // The first call over these rows brings the next ones in.
-                            let next = if j == 0 { next } else { 0 };
-                            if four {
-                                let cols = std::array::from_fn(|c| qcol(j + c));
-                                let d = q4tiles::dot_rows16::<Q4_COLS>(rws, a.nb[1], cols, next);
-                                d.iter().enumerate().for_each(|(c, d)| put(c, d));
-                            } else {
-                                let [d] = q4tiles::dot_rows16(rws, a.nb[1], [qcol(j)], next);
-                                put(0, &d);
-                            }
-                        });
-                    }
-                    for g0 in (wide..nr).step_by(group) {
-                        let g = (nr - g0).min(group);
-                        let row_of = |j: usize| rows.start + g0 + j.min(g - 1);
-                        let mut put = |j: usize, d: &[f32]| {
-                            out[j * nr + g0..j * nr + g0 + g].copy_from_slice(&d[..g]);
-                        };
-                        if let (Some(kind), true) = (ggml_order, sixteen) {
-                            let rws: [&[u8]; qdot::ROWS16] =
-                                std::array::from_fn(|j| qrow(row_of(j)));
-                            put(
-                                0,
-                                &qdot::dot_rows16(isa, kind, rws, qcol(0), qdot16_prefetch),
-                            );
-                            continue;
-                        }
-                        if let Some(kind) = ggml_order {
-                            let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
-                            qdot_group(isa, kind, rws, nn, qcol, qdot_prefetch, &mut put);
-                            continue;
-                        }
-                        match a.ty {
-                            ElementType::Q4_0 => {
-                                let rws: [&[u8]; ROWS] = std::array::from_fn(|j| qrow(row_of(j)));
-                                q4_column_calls(nn, n, |j, four| {
-                                    if four {
-                                        let cols = std::array::from_fn(|c| qcol(j + c));
-                                        let d =
-                                            quant::dot_q4_0_q8_0_rows::<Q4_COLS>(isa, rws, cols);
-                                        for (c, d) in d.iter().enumerate() {
-                                            put(j + c, d);
-                                        }
-                                    } else {
-                                        let [d] = quant::dot_q4_0_q8_0_rows(isa, rws, [qcol(j)]);
-                                        put(j, &d);
-                                    }
-                                });
-                            }
-                            ElementType::F16 => {
-                                let rws: [&[f32]; F32_ROWS] =
-                                    f32_rows(a, row_of, a2, a3, &mut ts.a);
-                                let col = |j: usize| {
-                                    let c = batch0 * n + j.min(nn - 1);
-                                    &packed_f32[c * k..(c + 1) * k]
-                                };
-                                if half_order == hdot::Order::Tiny {
-                                    // Tiles of four rows and four columns (a short last
-                                    // tile repeats its last column).
-                                    for j0 in (0..nn).step_by(hdot::TILE_COLS) {
-                                        let cls = std::array::from_fn(|c| col(j0 + c));
-                                        let mut d = [[0.0f32; F32_ROWS]; hdot::TILE_COLS];
-                                        for h in (0..F32_ROWS).step_by(hdot::TILE_ROWS) {
-                                            let rs = std::array::from_fn(|r| rws[h + r]);
-                                            let t = hdot::dot_tile(isa, rs, cls);
-                                            for (dc, tc) in d.iter_mut().zip(&t) {
-                                                dc[h..h + hdot::TILE_ROWS].copy_from_slice(tc);
-                                            }
-                                        }
-                                        for (c, dc) in d.iter().enumerate().take(nn - j0) {
-                                            put(j0 + c, dc);
-                                        }
-                                    }
-                                    continue;
-                                }
-                                for j in 0..nn {
-                                    put(j, &hdot::dot_rows(half_order, rws, col(j)));
-                                }
-                            }
-                            _ => {
-                                let rws: [&[f32]; F32_ROWS] =
-                                    f32_rows(a, row_of, a2, a3, &mut ts.a);
-                                for j in 0..nn {
-                                    let c = batch0 * n + j;
-                                    let col = &packed_f32[c * k..(c + 1) * k];
-                                    put(j, &quant::dot_f32_rows(isa, rws, col));
-                                }
-                            }
-                        }
-                    }
-                }
-                for jj in 0..nn {
-                    let (h, j) = (jj / n, jj % n);
-                    dst.store_f32(rows.start, j, i2_0 + h, i3, &out[jj * nr..(jj + 1) * nr]);
-                }
-            }
-            Ok(())
-        })
+        dot::DotOp::new(a, dst, cols, packed_f32, r2, r3, isa).run(this, n_batch)
     }
 
     /// f32 weights on an AVX-512 CPU: our blocked product (`sgemm`). First every matrix
@@ -619,29 +315,6 @@ impl Exec<'_> {
     }
 }
 
-/// Rows `row(0)`, …, `row(N − 1)` of the matrix `(i2, i3)` of `a` as f32 slices: the
-/// tensor's own rows when they are f32 and aligned, else converted (or copied) into
-/// `scratch`, one row after the other.
-fn f32_rows<'a, const N: usize>(
-    a: &'a TView,
-    row: impl Fn(usize) -> usize,
-    i2: usize,
-    i3: usize,
-    scratch: &'a mut Vec<f32>,
-) -> [&'a [f32]; N] {
-    let direct: [Option<&[f32]>; N] = std::array::from_fn(|j| a.f32_row(row(j), i2, i3));
-    if direct.iter().all(Option::is_some) {
-        return direct.map(Option::unwrap_or_default);
-    }
-    let k = a.ne[0];
-    let x = grow(scratch, N * k);
-    for (j, xr) in x.chunks_exact_mut(k).enumerate() {
-        a.load_f32(0, row(j), i2, i3, xr);
-    }
-    let x = &*x;
-    std::array::from_fn(|j| &x[j * k..(j + 1) * k])
-}
-
 /// Packed src1 columns of a matrix product (`quant::quantize_q8_col` layout, `col_bytes`
 /// each): `n` per matrix of `dst`, and the `bh` matrices that share one weight matrix
 /// (`nn = bh · n` columns) handled together.
@@ -719,43 +392,6 @@ fn mul_mat_group<'c, const NC: usize>(
     }
 }
 
-/// `out[j · nr + i] = rows[i] · cols[j]` for the `nr = rows.len()` weight rows (each at
-/// least `k` long) and `n = cols.len() / k` columns of a batched f32 product, in
-/// [`quant::dot_f32_tile`] tiles.
-///
-/// The length is cut into slices (of [`TILE_COL_FLOATS`] / `n` floats, 256 to 1024) so
-/// that one tile's rows and columns stay in L1 and a unit's rows and all its columns in L2
-/// while every tile of the unit uses them; each slice's results are added to `out` in slice
-/// order. A short last tile repeats its last row or column and drops those results, so a
-/// result depends only on its row, its column and `k`.
-fn mul_mat_tiles_f32(isa: quant::Isa, rows: &[&[f32]], cols: &[f32], k: usize, out: &mut [f32]) {
-    use quant::{TILE_COLS, TILE_ROWS};
-    // Indexing: the caller passes `k > 0`, at least `F32_TILE_MIN_N` columns and one row, and
-    // `out` of at least `nr * n` floats; `(i0 + t).min(nr - 1)` and `cj(t)` clamp to them.
-    let (nr, n) = (rows.len(), cols.len() / k);
-    out[..nr * n].fill(0.0);
-    let kc = (TILE_COL_FLOATS / n).clamp(256, 1024) / 8 * 8;
-    for kb in (0..k).step_by(kc) {
-        let ke = (kb + kc).min(k);
-        for i0 in (0..nr).step_by(TILE_ROWS) {
-            let rws: [&[f32]; TILE_ROWS] =
-                std::array::from_fn(|t| &rows[(i0 + t).min(nr - 1)][kb..ke]);
-            for j0 in (0..n).step_by(TILE_COLS) {
-                let cj = |t: usize| (j0 + t).min(n - 1);
-                let cls: [&[f32]; TILE_COLS] =
-                    std::array::from_fn(|t| &cols[cj(t) * k + kb..cj(t) * k + ke]);
-                let d = quant::dot_f32_tile(isa, rws, cls);
-                for (t, d) in d.iter().enumerate().take(n - j0) {
-                    let o = &mut out[(j0 + t) * nr + i0..];
-                    for (o, v) in o.iter_mut().zip(d).take(nr - i0) {
-                        *o += v;
-                    }
-                }
-            }
-        }
-    }
-}
-
 pub(super) fn dequantize_row(a: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32]) {
     let bytes = a.row_bytes(i1, i2, i3);
     match a.ty {
@@ -777,94 +413,5 @@ fn round_to_weight_type(ty: ElementType, col: &mut [f32]) {
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
         _ => {}
-    }
-}
-
-/// The `qdot` weight kind of a type whose products follow ggml's integer order.
-fn qdot_kind(ty: ElementType) -> Option<qdot::WeightKind> {
-    match ty {
-        ElementType::Q4_1 => Some(qdot::WeightKind::Q4_1),
-        ElementType::Q8_0 => Some(qdot::WeightKind::Q8_0),
-        _ => None,
-    }
-}
-
-/// Rows per call of the many-column `qdot` kernel (with [`QDOT_COLS`] columns: sixteen
-/// eight-lane accumulators, AVX2's register count).
-const QDOT_ROWS: usize = 4;
-/// Columns per call of the many-column `qdot` kernel.
-const QDOT_COLS: usize = 4;
-
-/// Whether plain weights of `ty` against `nn` columns are repacked on the fly, a group of
-/// sixteen rows at a time into scratch (`repack::pack_group`, about 1.3–1.7 µs a group of
-/// 4096-element rows), for the repacked kernels (on AVX-512 VNNI CPUs): where those beat
-/// the plain kernels with the copy included. One thread, 4096 × 256 weights in L2
-/// (`THIN_N=… cargo bench -p cpu-kernels --bench thin_cpu`, two alternated runs, µs per
-/// product, plain kernels against repacked on the fly):
-///
-/// * q4_0 from 16 columns: ×2 23–24 against 36–49, ×4 37–38 against 43–55, ×8 75–79
-///   against 65–84, ×16 151–154 against 110–134 (the `q4tiles` kernel takes four columns
-///   at a time, so up to eight it keeps up);
-/// * q4_1 from 4: ×2 36 against 41–54, ×4 95–114 against 54–73, ×8 96–105 against 80–81,
-///   ×16 193–223 against 137–139;
-/// * q8_0 for 4 to 7 columns and from 64: ×2 40–54 against 42, ×4 101 against 62, ×8 91–92
-///   against 101–104 and ×16 178–181 against 182–185 (from eight columns the plain rows go
-///   through eight-by-eight tiles), ×32 355–388 against 323–328, ×64 704–740 against
-///   640–643, ×128 1432–1436 against 1256–1299; two threads, 4096 × 4096
-///   (`benches/kernels.rs`), ×32 was 2.64–2.98 ms against 2.88–3.05.
-fn repack_on_the_fly(ty: ElementType, nn: usize) -> bool {
-    match ty {
-        ElementType::Q4_0 => nn >= 16,
-        ElementType::Q4_1 => nn >= 4,
-        ElementType::Q8_0 => nn >= 64 || (4..8).contains(&nn),
-        _ => false,
-    }
-}
-
-/// One group of [`ROWS`] weight rows against the `n` columns `col(0..n)`, handing each
-/// column's results to `put`: one column at a time with all rows when `n` is small (decode),
-/// else [`QDOT_ROWS`] × [`QDOT_COLS`] tiles so a weight block is unpacked once for several
-/// columns. Each result is one row dotted with one column, whatever the tiling.
-fn qdot_group<'c>(
-    isa: quant::Isa,
-    kind: qdot::WeightKind,
-    rows: [&[u8]; ROWS],
-    n: usize,
-    col: impl Fn(usize) -> &'c [u8],
-    prefetch: usize,
-    put: &mut impl FnMut(usize, &[f32]),
-) {
-    let mut j = 0;
-    // Eight rows by eight columns per call where the kernel has such tiles (`q4_1` and
-    // `q8_0` with AVX-512 VNNI): one pass over a weight block for eight columns.
-    if ROWS == qdot::TILE && isa == quant::Isa::Avx512 {
-        while j + qdot::TILE <= n {
-            let cols: [&[u8]; qdot::TILE] = std::array::from_fn(|c| col(j + c));
-            let rows: [&[u8]; qdot::TILE] = std::array::from_fn(|r| rows[r]);
-            let d = qdot::dot_tile(isa, kind, rows, cols, prefetch);
-            for (c, dc) in d.iter().enumerate() {
-                put(j + c, dc);
-            }
-            j += qdot::TILE;
-        }
-    }
-    while j + QDOT_COLS <= n {
-        let cols: [&[u8]; QDOT_COLS] = std::array::from_fn(|c| col(j + c));
-        let mut d = [[0.0f32; ROWS]; QDOT_COLS];
-        for h in 0..ROWS / QDOT_ROWS {
-            let rs: [&[u8]; QDOT_ROWS] = std::array::from_fn(|r| rows[h * QDOT_ROWS + r]);
-            let part = qdot::dot_rows(isa, kind, rs, cols, prefetch);
-            for (dc, pc) in d.iter_mut().zip(&part) {
-                dc[h * QDOT_ROWS..(h + 1) * QDOT_ROWS].copy_from_slice(pc);
-            }
-        }
-        for (c, dc) in d.iter().enumerate() {
-            put(j + c, dc);
-        }
-        j += QDOT_COLS;
-    }
-    for j in j..n {
-        let [d] = qdot::dot_rows(isa, kind, rows, [col(j)], prefetch);
-        put(j, &d);
     }
 }
