@@ -151,9 +151,9 @@ mod x86 {
     /// 1.08–1.16 to 0.97–1.06 times the read, and from 1.10–1.16 to 0.98–1.04 (six
     /// alternations each); as written here, from 1.31–1.42 to 1.16–1.29 (six) and from
     /// 1.08–1.47 (median 1.25) to 0.98–1.34 (median 1.15, eight). Counting through groups
-    /// keeps the distance for groups shorter than `AHEAD` block indices too (SmolLM2's
-    /// output head has 18). The addresses may lie past the end of the weights: they are
-    /// only prefetched.
+    /// keeps the distance for groups shorter than `AHEAD` block indices too (rows of 576
+    /// elements, SmolLM2's width, have 18). The addresses may lie past the end of the
+    /// weights: they are only prefetched.
     struct Ahead {
         group: *const u8,
         b: usize,
