@@ -104,7 +104,7 @@ pub(super) struct DotOp<'a> {
 struct Unit<'a> {
     /// The first of the `bh` result matrices (and column groups) of the unit.
     batch0: usize,
-    /// The matrix of the weights.
+    /// The matrix `(a2, a3)` of the weights.
     a2: usize,
     a3: usize,
     rows: std::ops::Range<usize>,
@@ -182,7 +182,9 @@ impl<'a> DotOp<'a> {
         let mblocks = self.a.ne[1].div_ceil(self.unit_rows);
         let (k, nn) = (self.a.ne[0], self.cols.nn);
         let units = n_batch / self.cols.bh * mblocks;
-        exec.par_for_contiguous(units, self.unit_rows * k * nn, |units, ts| {
+        // A unit's multiply-adds, as the split's cost hint (saturating: only compared).
+        let cost = self.unit_rows.saturating_mul(k).saturating_mul(nn);
+        exec.par_for_contiguous(units, cost, |units, ts| {
             for u in units {
                 self.unit(u / mblocks, u % mblocks, ts);
             }
