@@ -132,7 +132,16 @@ impl Exec<'_> {
         if packed {
             return this.mul_mat_repacked(dst, a, &cols, r2, r3, isa);
         }
-        dot::DotOp::new(a, dst, cols, packed_f32, r2, r3, isa).run(this, n_batch)
+        let operands = dot::Operands {
+            a,
+            dst,
+            cols,
+            fcols: packed_f32,
+            r2,
+            r3,
+            isa,
+        };
+        dot::DotOp::new(operands).run(this, n_batch)
     }
 
     /// f32 weights on an AVX-512 CPU: our blocked product (`sgemm`). First every matrix

@@ -72,19 +72,26 @@ enum DotPath {
     Rows,
 }
 
-/// One op on the dot path: what it fixes for all its units (shapes, packed columns, the
-/// kernel family, prefetch distances). A unit is `unit_rows` rows of one matrix of the
-/// weights against the `nn` columns of the `bh` result matrices that share it.
-pub(super) struct DotOp<'a> {
-    a: &'a TView,
-    dst: &'a TView,
+/// What `mul_mat` hands the dot path: the weights (not in a repacked layout), the result,
+/// the packed columns and the CPU's kernels.
+pub(super) struct Operands<'a> {
+    pub a: &'a TView,
+    pub dst: &'a TView,
     /// Quantized columns (`cols.bytes`, empty for f32 and f16 weights) and the column counts.
-    cols: PackedCols<'a>,
+    pub cols: PackedCols<'a>,
     /// f32 columns, `k` floats each (empty for quantized weights).
-    fcols: &'a [f32],
-    r2: usize,
-    r3: usize,
-    isa: quant::Isa,
+    pub fcols: &'a [f32],
+    /// How many result matrices share one matrix of `a`, along dimensions 2 and 3.
+    pub r2: usize,
+    pub r3: usize,
+    pub isa: quant::Isa,
+}
+
+/// One op on the dot path: its operands and what they fix for all its units (the kernel
+/// family, the unit size, prefetch distances). A unit is `unit_rows` rows of one matrix of
+/// the weights against the `nn` columns of the `bh` result matrices that share it.
+pub(super) struct DotOp<'a> {
+    operands: Operands<'a>,
     path: DotPath,
     unit_rows: usize,
     /// Bytes of one row of the weights.
@@ -114,18 +121,10 @@ struct Unit<'a> {
 }
 
 impl<'a> DotOp<'a> {
-    /// Chooses the kernel family for `a` (not in the repacked layout) against the packed
-    /// columns.
-    pub(super) fn new(
-        a: &'a TView,
-        dst: &'a TView,
-        cols: PackedCols<'a>,
-        fcols: &'a [f32],
-        r2: usize,
-        r3: usize,
-        isa: quant::Isa,
-    ) -> DotOp<'a> {
-        let (k, m, n, nn) = (a.ne[0], a.ne[1], cols.n, cols.nn);
+    /// Chooses the kernel family for the operands.
+    pub(super) fn new(operands: Operands<'a>) -> DotOp<'a> {
+        let (a, isa) = (operands.a, operands.isa);
+        let (k, m, n, nn) = (a.ne[0], a.ne[1], operands.cols.n, operands.cols.nn);
         let half_order = hdot::Order::for_shape(k, m, n);
         let in_place_f16 = a.ty == ElementType::F16
             && half_order == hdot::Order::VecDot
@@ -159,13 +158,7 @@ impl<'a> DotOp<'a> {
             0
         };
         DotOp {
-            a,
-            dst,
-            cols,
-            fcols,
-            r2,
-            r3,
-            isa,
+            operands,
             path,
             unit_rows,
             row_len: a.ty.row_size(k),
@@ -179,9 +172,9 @@ impl<'a> DotOp<'a> {
     /// Every unit of the `n_batch` result matrices, on `exec`'s threads (each thread's
     /// units one contiguous stretch of the weights).
     pub(super) fn run(&self, exec: &Exec<'_>, n_batch: usize) -> Result<(), BackendError> {
-        let mblocks = self.a.ne[1].div_ceil(self.unit_rows);
-        let (k, nn) = (self.a.ne[0], self.cols.nn);
-        let units = n_batch / self.cols.bh * mblocks;
+        let mblocks = self.operands.a.ne[1].div_ceil(self.unit_rows);
+        let (k, nn) = (self.operands.a.ne[0], self.operands.cols.nn);
+        let units = n_batch / self.operands.cols.bh * mblocks;
         // A unit's multiply-adds, as the split's cost hint (saturating: only compared).
         let cost = self.unit_rows.saturating_mul(k).saturating_mul(nn);
         exec.par_for_contiguous(units, cost, |units, ts| {
@@ -194,10 +187,15 @@ impl<'a> DotOp<'a> {
 
     /// Row block `mb` of the `bh` result matrices from `bi · bh` on.
     fn unit(&self, bi: usize, mb: usize, ts: &mut ThreadScratch) {
-        let (a, dst, bh, nn) = (self.a, self.dst, self.cols.bh, self.cols.nn);
+        let (a, dst, bh, nn) = (
+            self.operands.a,
+            self.operands.dst,
+            self.operands.cols.bh,
+            self.operands.cols.nn,
+        );
         let batch0 = bi * bh;
         let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
-        let (a2, a3) = (i2_0 / self.r2, i3 / self.r3);
+        let (a2, a3) = (i2_0 / self.operands.r2, i3 / self.operands.r3);
         let rows = mb * self.unit_rows..((mb + 1) * self.unit_rows).min(a.ne[1]);
         let nr = rows.len();
         let span = if a.rows_contiguous() {
@@ -224,7 +222,7 @@ impl<'a> DotOp<'a> {
             _ => self.row_groups(&u, fa, out),
         }
         for jj in 0..nn {
-            let (h, j) = (jj / self.cols.n, jj % self.cols.n);
+            let (h, j) = (jj / self.operands.cols.n, jj % self.operands.cols.n);
             dst.store_f32(u.rows.start, j, i2_0 + h, i3, &out[jj * nr..(jj + 1) * nr]);
         }
     }
@@ -232,21 +230,24 @@ impl<'a> DotOp<'a> {
     /// Packed quantized column `j` of the unit (of `nn`).
     #[inline]
     fn qcol(&self, u: &Unit<'_>, j: usize) -> &'a [u8] {
-        let (c, w) = (u.batch0 * self.cols.n + j, self.cols.col_bytes);
-        &self.cols.bytes[c * w..(c + 1) * w]
+        let (c, w) = (
+            u.batch0 * self.operands.cols.n + j,
+            self.operands.cols.col_bytes,
+        );
+        &self.operands.cols.bytes[c * w..(c + 1) * w]
     }
 
     /// f32 column `j` of the unit (of `nn`).
     #[inline]
     fn fcol(&self, u: &Unit<'_>, j: usize) -> &'a [f32] {
-        let (c, k) = (u.batch0 * self.cols.n + j, self.a.ne[0]);
-        &self.fcols[c * k..(c + 1) * k]
+        let (c, k) = (u.batch0 * self.operands.cols.n + j, self.operands.a.ne[0]);
+        &self.operands.fcols[c * k..(c + 1) * k]
     }
 
     /// Row `rows.start + i` of the unit, in place (dense rows only).
     #[inline]
     fn row<'u>(&self, u: &Unit<'u>, i: usize) -> &'u [u8] {
-        let o = i * self.a.nb[1];
+        let o = i * self.operands.a.nb[1];
         &u.span[o..o + self.row_len]
     }
 
@@ -254,30 +255,47 @@ impl<'a> DotOp<'a> {
     fn transient(&self, u: &Unit<'_>, group: &mut Vec<u8>, out: &mut [f32]) {
         let rws: [&[u8]; repack::GROUP_ROWS] = std::array::from_fn(|i| self.row(u, i));
         let group = grow(group, repack::GROUP_ROWS * self.row_len);
-        repack::pack_group(self.a.ty, self.a.ne[0], &rws, group);
+        repack::pack_group(self.operands.a.ty, self.operands.a.ne[0], &rws, group);
         let nr = u.rows.len();
-        repacked_group(self.isa, self.a.ty, group, self.cols.nn, nr, out, |j| {
-            self.qcol(u, j)
-        });
+        repacked_group(
+            self.operands.isa,
+            self.operands.a.ty,
+            group,
+            self.operands.cols.nn,
+            nr,
+            out,
+            |j| self.qcol(u, j),
+        );
     }
 
     /// [`DotPath::TilesF32`]: one call per head (the tiles' slicing depends on the column
     /// count).
     fn tiles_f32(&self, u: &Unit<'_>, scratch: &mut Vec<f32>, out: &mut [f32]) {
-        let (a, nr, n, k) = (self.a, u.rows.len(), self.cols.n, self.a.ne[0]);
+        let (a, nr, n, k) = (
+            self.operands.a,
+            u.rows.len(),
+            self.operands.cols.n,
+            self.operands.a.ne[0],
+        );
         let rws: [&[f32]; MM_ROWS] =
             f32_rows(a, |i| u.rows.start + i.min(nr - 1), u.a2, u.a3, scratch);
-        for h in 0..self.cols.bh {
+        for h in 0..self.operands.cols.bh {
             let batch = u.batch0 + h;
-            let cols = &self.fcols[batch * n * k..(batch + 1) * n * k];
-            mul_mat_tiles_f32(self.isa, &rws[..nr], cols, k, &mut out[h * n * nr..]);
+            let cols = &self.operands.fcols[batch * n * k..(batch + 1) * n * k];
+            mul_mat_tiles_f32(
+                self.operands.isa,
+                &rws[..nr],
+                cols,
+                k,
+                &mut out[h * n * nr..],
+            );
         }
     }
 
     /// [`DotPath::PairsF16`]: rows `per` at a time against columns `cw` at a time, at most
     /// `F16_PAIRS` products a call.
     fn pairs_f16(&self, u: &Unit<'_>, out: &mut [f32]) {
-        let (nr, nn) = (u.rows.len(), self.cols.nn);
+        let (nr, nn) = (u.rows.len(), self.operands.cols.nn);
         let cw = nn.min(hdot::F16_PAIRS);
         let per = (hdot::F16_PAIRS / cw).min(nr);
         let mut d = [0.0f32; hdot::F16_PAIRS];
@@ -337,8 +355,8 @@ impl<'a> DotOp<'a> {
         };
         self.q4tiles_rows(u, wide, out);
         // One column (a decode step) of q4_1 or q8_0: sixteen rows per call.
-        let sixteen = self.ggml_order.is_some() && self.cols.nn == 1;
-        let group = match self.a.ty {
+        let sixteen = self.ggml_order.is_some() && self.operands.cols.nn == 1;
+        let group = match self.operands.a.ty {
             _ if sixteen => qdot::ROWS16,
             ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
             _ => F32_ROWS,
@@ -350,34 +368,57 @@ impl<'a> DotOp<'a> {
             };
             // Row `g0 + i` of the unit, the group's last for `i` past its end.
             let at = |i: usize| g0 + i.min(g - 1);
-            match (self.ggml_order, self.a.ty) {
+            match (self.ggml_order, self.operands.a.ty) {
                 (Some(kind), _) if sixteen => {
                     // The sixteen-row kernels' next call is sixteen rows on.
                     let prefetch = qdot::ROWS16 / ROWS * self.qdot_prefetch;
                     let rws = std::array::from_fn(|i| self.row(u, at(i)));
                     put(
                         0,
-                        &qdot::dot_rows16(self.isa, kind, rws, self.qcol(u, 0), prefetch),
+                        &qdot::dot_rows16(self.operands.isa, kind, rws, self.qcol(u, 0), prefetch),
                     );
                 }
                 (Some(kind), _) => {
                     let rws = std::array::from_fn(|i| self.row(u, at(i)));
                     let col = |j| self.qcol(u, j);
                     let prefetch = self.qdot_prefetch;
-                    qdot_group(self.isa, kind, rws, self.cols.nn, col, prefetch, &mut put);
+                    qdot_group(
+                        self.operands.isa,
+                        kind,
+                        rws,
+                        self.operands.cols.nn,
+                        col,
+                        prefetch,
+                        &mut put,
+                    );
                 }
                 (None, ElementType::Q4_0) => {
                     let rws: [&[u8]; ROWS] = std::array::from_fn(|i| self.row(u, at(i)));
                     self.q4_0_rows8(u, rws, &mut put);
                 }
                 (None, ElementType::F16) => {
-                    let rws = f32_rows(self.a, |i| u.rows.start + at(i), u.a2, u.a3, scratch);
+                    let rws = f32_rows(
+                        self.operands.a,
+                        |i| u.rows.start + at(i),
+                        u.a2,
+                        u.a3,
+                        scratch,
+                    );
                     self.f16_converted(u, rws, &mut put);
                 }
                 _ => {
-                    let rws = f32_rows(self.a, |i| u.rows.start + at(i), u.a2, u.a3, scratch);
-                    for j in 0..self.cols.nn {
-                        put(j, &quant::dot_f32_rows(self.isa, rws, self.fcol(u, j)));
+                    let rws = f32_rows(
+                        self.operands.a,
+                        |i| u.rows.start + at(i),
+                        u.a2,
+                        u.a3,
+                        scratch,
+                    );
+                    for j in 0..self.operands.cols.nn {
+                        put(
+                            j,
+                            &quant::dot_f32_rows(self.operands.isa, rws, self.fcol(u, j)),
+                        );
                     }
                 }
             }
@@ -387,11 +428,11 @@ impl<'a> DotOp<'a> {
     /// The unit's first `wide` plain q4_0 rows by `q4tiles`, each call prefetching the
     /// next call's rows where rows follow each other (see [`Q4_UNIT_ROWS`]).
     fn q4tiles_rows(&self, u: &Unit<'_>, wide: usize, out: &mut [f32]) {
-        let (nr, nb1) = (u.rows.len(), self.a.nb[1]);
+        let (nr, nb1) = (u.rows.len(), self.operands.a.nb[1]);
         let next = self.qdot_prefetch / ROWS * q4tiles::ROWS;
         for r0 in (0..wide).step_by(q4tiles::ROWS) {
             let rws = &u.span[r0 * nb1..];
-            q4_column_calls(self.cols.nn, self.cols.n, |j, four| {
+            q4_column_calls(self.operands.cols.nn, self.operands.cols.n, |j, four| {
                 let mut put = |c: usize, d: &[f32; q4tiles::ROWS]| {
                     let at = (j + c) * nr + r0;
                     out[at..at + q4tiles::ROWS].copy_from_slice(d);
@@ -413,15 +454,15 @@ impl<'a> DotOp<'a> {
     /// Eight plain q4_0 rows by `quant`'s kernel, four columns a call where they come in
     /// fours ([`q4_column_calls`]).
     fn q4_0_rows8(&self, u: &Unit<'_>, rws: [&[u8]; ROWS], put: &mut impl FnMut(usize, &[f32])) {
-        q4_column_calls(self.cols.nn, self.cols.n, |j, four| {
+        q4_column_calls(self.operands.cols.nn, self.operands.cols.n, |j, four| {
             if four {
                 let cols = std::array::from_fn(|c| self.qcol(u, j + c));
-                let d = quant::dot_q4_0_q8_0_rows::<Q4_COLS>(self.isa, rws, cols);
+                let d = quant::dot_q4_0_q8_0_rows::<Q4_COLS>(self.operands.isa, rws, cols);
                 for (c, d) in d.iter().enumerate() {
                     put(j + c, d);
                 }
             } else {
-                let [d] = quant::dot_q4_0_q8_0_rows(self.isa, rws, [self.qcol(u, j)]);
+                let [d] = quant::dot_q4_0_q8_0_rows(self.operands.isa, rws, [self.qcol(u, j)]);
                 put(j, &d);
             }
         });
@@ -436,7 +477,7 @@ impl<'a> DotOp<'a> {
         rws: [&[f32]; F32_ROWS],
         put: &mut impl FnMut(usize, &[f32]),
     ) {
-        let nn = self.cols.nn;
+        let nn = self.operands.cols.nn;
         let col = |j: usize| self.fcol(u, j.min(nn - 1));
         if self.half_order != hdot::Order::Tiny {
             for j in 0..nn {
@@ -449,7 +490,7 @@ impl<'a> DotOp<'a> {
             let mut d = [[0.0f32; F32_ROWS]; hdot::TILE_COLS];
             for h in (0..F32_ROWS).step_by(hdot::TILE_ROWS) {
                 let rs = std::array::from_fn(|r| rws[h + r]);
-                let t = hdot::dot_tile(self.isa, rs, cls);
+                let t = hdot::dot_tile(self.operands.isa, rs, cls);
                 for (dc, tc) in d.iter_mut().zip(&t) {
                     dc[h..h + hdot::TILE_ROWS].copy_from_slice(tc);
                 }
