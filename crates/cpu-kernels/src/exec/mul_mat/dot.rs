@@ -347,7 +347,7 @@ impl<'a> DotOp<'a> {
     /// each column load (a short last group repeats its last row and drops the extra
     /// results; a row's result does not depend on the other rows of its group).
     fn row_groups(&self, u: &Unit<'_>, scratch: &mut Vec<f32>, out: &mut [f32]) {
-        let nr = u.rows.len();
+        let (nr, isa, nn) = (u.rows.len(), self.operands.isa, self.operands.cols.nn);
         let wide = if self.wide_q4 {
             nr / q4tiles::ROWS * q4tiles::ROWS
         } else {
@@ -355,7 +355,7 @@ impl<'a> DotOp<'a> {
         };
         self.q4tiles_rows(u, wide, out);
         // One column (a decode step) of q4_1 or q8_0: sixteen rows per call.
-        let sixteen = self.ggml_order.is_some() && self.operands.cols.nn == 1;
+        let sixteen = self.ggml_order.is_some() && nn == 1;
         let group = match self.operands.a.ty {
             _ if sixteen => qdot::ROWS16,
             ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
@@ -375,54 +375,43 @@ impl<'a> DotOp<'a> {
                     let rws = std::array::from_fn(|i| self.row(u, at(i)));
                     put(
                         0,
-                        &qdot::dot_rows16(self.operands.isa, kind, rws, self.qcol(u, 0), prefetch),
+                        &qdot::dot_rows16(isa, kind, rws, self.qcol(u, 0), prefetch),
                     );
                 }
                 (Some(kind), _) => {
                     let rws = std::array::from_fn(|i| self.row(u, at(i)));
                     let col = |j| self.qcol(u, j);
                     let prefetch = self.qdot_prefetch;
-                    qdot_group(
-                        self.operands.isa,
-                        kind,
-                        rws,
-                        self.operands.cols.nn,
-                        col,
-                        prefetch,
-                        &mut put,
-                    );
+                    qdot_group(isa, kind, rws, nn, col, prefetch, &mut put);
                 }
                 (None, ElementType::Q4_0) => {
                     let rws: [&[u8]; ROWS] = std::array::from_fn(|i| self.row(u, at(i)));
                     self.q4_0_rows8(u, rws, &mut put);
                 }
                 (None, ElementType::F16) => {
-                    let rws = f32_rows(
-                        self.operands.a,
-                        |i| u.rows.start + at(i),
-                        u.a2,
-                        u.a3,
-                        scratch,
-                    );
+                    let rws = self.f32_group(u, at, scratch);
                     self.f16_converted(u, rws, &mut put);
                 }
                 _ => {
-                    let rws = f32_rows(
-                        self.operands.a,
-                        |i| u.rows.start + at(i),
-                        u.a2,
-                        u.a3,
-                        scratch,
-                    );
-                    for j in 0..self.operands.cols.nn {
-                        put(
-                            j,
-                            &quant::dot_f32_rows(self.operands.isa, rws, self.fcol(u, j)),
-                        );
+                    let rws = self.f32_group(u, at, scratch);
+                    for j in 0..nn {
+                        put(j, &quant::dot_f32_rows(isa, rws, self.fcol(u, j)));
                     }
                 }
             }
         }
+    }
+
+    /// Rows `at(0)`, …, `at(F32_ROWS − 1)` of the unit as f32 ([`f32_rows`]: in place, or
+    /// converted into `scratch`).
+    fn f32_group<'s>(
+        &'s self,
+        u: &Unit<'_>,
+        at: impl Fn(usize) -> usize,
+        scratch: &'s mut Vec<f32>,
+    ) -> [&'s [f32]; F32_ROWS] {
+        let a = self.operands.a;
+        f32_rows(a, |i| u.rows.start + at(i), u.a2, u.a3, scratch)
     }
 
     /// The unit's first `wide` plain q4_0 rows by `q4tiles`, each call prefetching the
