@@ -315,6 +315,35 @@ mod x86 {
         }
         out
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::{AHEAD, Ahead, QUANT_BYTES, SCALE_BYTES};
+
+        /// The cursor visits, block index by block index, the quants and scales `AHEAD` block
+        /// indices on in the sequence of groups that follow each other (computed here by
+        /// division), for groups shorter and longer than `AHEAD`.
+        #[test]
+        fn ahead_counts_on_through_the_following_groups() {
+            let base = [0u8; 1].as_ptr();
+            for nb in 1..=3 * AHEAD {
+                let group_bytes = nb * (QUANT_BYTES + SCALE_BYTES);
+                let mut ahead = Ahead::new(base, nb);
+                for b in 0..2 * nb {
+                    let (g, i) = ((b + AHEAD) / nb, (b + AHEAD) % nb);
+                    let group = g * group_bytes;
+                    let want = (
+                        group + i * QUANT_BYTES,
+                        group + nb * QUANT_BYTES + i * SCALE_BYTES,
+                    );
+                    let (q, s) = ahead.lines();
+                    let got = (q as usize - base as usize, s as usize - base as usize);
+                    assert_eq!(got, want, "nb {nb}, block index {b}");
+                    ahead.advance();
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
