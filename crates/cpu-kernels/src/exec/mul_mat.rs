@@ -233,10 +233,7 @@ impl Exec<'_> {
                 let out = grow(&mut ts.c, nr * cols.nn);
                 // One group of the repacked layout (the row count is a multiple of it).
                 let group = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
-                let col = |j: usize| {
-                    let c = batch0 * cols.n + j;
-                    &cols.bytes[c * cols.col_bytes..(c + 1) * cols.col_bytes]
-                };
+                let col = |j: usize| cols.col(batch0, j);
                 repacked_group(isa, a.ty, group, cols.nn, nr, out, col);
                 for (o, jj) in out.chunks_exact(nr).zip(0..cols.nn) {
                     let (h, j) = (jj / cols.n, jj % cols.n);
@@ -333,6 +330,15 @@ struct PackedCols<'a> {
     n: usize,
     nn: usize,
     bh: usize,
+}
+
+impl<'a> PackedCols<'a> {
+    /// Column `j` (of `nn`) of the `bh` result matrices from `batch0` on.
+    #[inline]
+    fn col(&self, batch0: usize, j: usize) -> &'a [u8] {
+        let c = batch0 * self.n + j;
+        &self.bytes[c * self.col_bytes..(c + 1) * self.col_bytes]
+    }
 }
 
 /// Columns per call of the repacked q4_1 kernel (eight accumulators and one of minimums per

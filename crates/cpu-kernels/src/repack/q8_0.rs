@@ -135,7 +135,7 @@ fn dot_group_scalar(group: &[u8], col: &[u8], nb: usize) -> [f32; GROUP_ROWS] {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GROUP_ROWS, QK, QUANT_BYTES, SCALE_BYTES};
+    use super::{GROUP_BLOCK_BYTES, GROUP_ROWS, QK, QUANT_BYTES, SCALE_BYTES};
 
     /// How many block indices ahead of the one being computed the quants and scales are
     /// prefetched (as q4_0's and q4_1's).
@@ -164,7 +164,7 @@ mod x86 {
         fn new(group: *const u8, nb: usize) -> Ahead {
             let nb = nb.max(1);
             Ahead {
-                group: group.wrapping_add(AHEAD / nb * nb * (QUANT_BYTES + SCALE_BYTES)),
+                group: group.wrapping_add(AHEAD / nb * nb * GROUP_BLOCK_BYTES),
                 b: AHEAD % nb,
                 nb,
             }
@@ -183,9 +183,7 @@ mod x86 {
             self.b += 1;
             if self.b == self.nb {
                 self.b = 0;
-                self.group = self
-                    .group
-                    .wrapping_add(self.nb * (QUANT_BYTES + SCALE_BYTES));
+                self.group = self.group.wrapping_add(self.nb * GROUP_BLOCK_BYTES);
             }
         }
     }
@@ -318,16 +316,18 @@ mod x86 {
 
     #[cfg(test)]
     mod tests {
-        use super::{AHEAD, Ahead, QUANT_BYTES, SCALE_BYTES};
+        use super::{AHEAD, Ahead, GROUP_BLOCK_BYTES, QUANT_BYTES, SCALE_BYTES};
 
         /// The cursor visits, block index by block index, the quants and scales `AHEAD` block
         /// indices on in the sequence of groups that follow each other (computed here by
         /// division), for groups shorter and longer than `AHEAD`.
         #[test]
         fn ahead_counts_on_through_the_following_groups() {
-            let base = [0u8; 1].as_ptr();
+            // Only addresses are computed (nothing is read), so one byte stands for the weights.
+            let weights = [0u8; 1];
+            let base = weights.as_ptr();
             for nb in 1..=3 * AHEAD {
-                let group_bytes = nb * (QUANT_BYTES + SCALE_BYTES);
+                let group_bytes = nb * GROUP_BLOCK_BYTES;
                 let mut ahead = Ahead::new(base, nb);
                 for b in 0..2 * nb {
                     let (g, i) = ((b + AHEAD) / nb, (b + AHEAD) % nb);

@@ -230,11 +230,7 @@ impl<'a> DotOp<'a> {
     /// Packed quantized column `j` of the unit (of `nn`).
     #[inline]
     fn qcol(&self, u: &Unit<'_>, j: usize) -> &'a [u8] {
-        let (c, w) = (
-            u.batch0 * self.operands.cols.n + j,
-            self.operands.cols.col_bytes,
-        );
-        &self.operands.cols.bytes[c * w..(c + 1) * w]
+        self.operands.cols.col(u.batch0, j)
     }
 
     /// f32 column `j` of the unit (of `nn`).
@@ -253,42 +249,31 @@ impl<'a> DotOp<'a> {
 
     /// [`DotPath::Transient`]: the unit's sixteen rows repacked into `group`.
     fn transient(&self, u: &Unit<'_>, group: &mut Vec<u8>, out: &mut [f32]) {
+        let Operands { a, cols, isa, .. } = &self.operands;
         let rws: [&[u8]; repack::GROUP_ROWS] = std::array::from_fn(|i| self.row(u, i));
         let group = grow(group, repack::GROUP_ROWS * self.row_len);
-        repack::pack_group(self.operands.a.ty, self.operands.a.ne[0], &rws, group);
-        let nr = u.rows.len();
-        repacked_group(
-            self.operands.isa,
-            self.operands.a.ty,
-            group,
-            self.operands.cols.nn,
-            nr,
-            out,
-            |j| self.qcol(u, j),
-        );
+        repack::pack_group(a.ty, a.ne[0], &rws, group);
+        let col = |j| self.qcol(u, j);
+        repacked_group(*isa, a.ty, group, cols.nn, u.rows.len(), out, col);
     }
 
     /// [`DotPath::TilesF32`]: one call per head (the tiles' slicing depends on the column
     /// count).
     fn tiles_f32(&self, u: &Unit<'_>, scratch: &mut Vec<f32>, out: &mut [f32]) {
-        let (a, nr, n, k) = (
-            self.operands.a,
-            u.rows.len(),
-            self.operands.cols.n,
-            self.operands.a.ne[0],
-        );
+        let Operands {
+            a,
+            cols,
+            fcols,
+            isa,
+            ..
+        } = &self.operands;
+        let (nr, n, k) = (u.rows.len(), cols.n, a.ne[0]);
         let rws: [&[f32]; MM_ROWS] =
             f32_rows(a, |i| u.rows.start + i.min(nr - 1), u.a2, u.a3, scratch);
-        for h in 0..self.operands.cols.bh {
+        for h in 0..cols.bh {
             let batch = u.batch0 + h;
-            let cols = &self.operands.fcols[batch * n * k..(batch + 1) * n * k];
-            mul_mat_tiles_f32(
-                self.operands.isa,
-                &rws[..nr],
-                cols,
-                k,
-                &mut out[h * n * nr..],
-            );
+            let head = &fcols[batch * n * k..(batch + 1) * n * k];
+            mul_mat_tiles_f32(*isa, &rws[..nr], head, k, &mut out[h * n * nr..]);
         }
     }
 
