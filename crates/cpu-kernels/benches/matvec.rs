@@ -16,7 +16,17 @@
 //! host buffer (16 bytes past a cache line, where the f32 kernel is mostly a little slower); `f16_8192x4096_x1` (64 MiB),
 //! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
 //! (72 MiB), and the last three again as `_repack` with the weights in the CPU's `CPU_REPACK`
-//! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into). `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
+//! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into).
+//!
+//! And a decode step's products as the model runs them, one node each in one graph
+//! (`support::product::step`): `step_q4_1_repack_60_layers` (SmolLM2-135M's seven products
+//! per layer, 576 × 576 to 1536 × 576, in `CPU_REPACK` q4_1; sixty layers, 133 MB, so that
+//! they stream from memory), `step_q8_0_repack_30_layers` (the same in q8_0, thirty layers, 113 MB), and
+//! `step_q4_1_repack_60_layers_cached` (the same 420 nodes over one layer's weights, 2.2 MB,
+//! which stay in cache: what the nodes cost apart from the memory). Their weights are small
+//! (0.07–0.94 MB a node), so what each node costs besides streaming its weights (the pool's
+//! hand-over, the column's packing, a claim and a store per group of 16 rows) shows here
+//! and not in the single products. `MATVEC_CASES=f32,q8` keeps the rows whose names contain one of the words.
 //! `BENCH_THREADS=N`: threads of the products; with 1 the read is one thread's too (the
 //! per-core streaming efficiency, which a loaded machine disturbs less). Results go to
 //! stdout as a table.
@@ -162,11 +172,40 @@ fn main() {
             Weights::Repack,
         ),
     ];
-    let cases: Vec<Case> = all
+    let mut cases: Vec<Case> = all
         .iter()
         .filter(|c| keep(c.0))
         .map(|&(name, ty, k, m, weights)| case(name, ty, k, m, weights))
         .collect();
+    // A decode step's products: SmolLM2-135M's seven per layer (Q, K, V, O, gate, up, down).
+    let smollm2 = [
+        (576, 576),
+        (576, 192),
+        (576, 192),
+        (576, 576),
+        (576, 1536),
+        (576, 1536),
+        (1536, 576),
+    ];
+    let steps = [
+        ("step_q4_1_repack_60_layers", ElementType::Q4_1, 60, true),
+        ("step_q8_0_repack_30_layers", ElementType::Q8_0, 30, true),
+        (
+            "step_q4_1_repack_60_layers_cached",
+            ElementType::Q4_1,
+            60,
+            false,
+        ),
+    ];
+    for (name, ty, layers, distinct) in steps {
+        if keep(name) {
+            let p = product::step(ty, &smollm2, layers, true, distinct);
+            cases.push(Case {
+                name: name.to_owned(),
+                p,
+            });
+        }
+    }
     // Warm up: page faults, scratch growth, the pool's threads.
     for _ in 0..2 {
         read.run();
@@ -203,7 +242,7 @@ fn main() {
          fraction of read (best, median of rounds)"
     );
     println!(
-        "{:<26} {:>7.3} {:>7.3} {:>6.1}",
+        "{:<34} {:>7.3} {:>7.3} {:>6.1}",
         "read_64MiB",
         read_best * 1e3,
         median(read_t.clone()) * 1e3,
@@ -217,7 +256,7 @@ fn main() {
             .map(|(&tc, &tr)| gbs(c.p.weight_bytes, tc) / gbs(read.bytes(), tr))
             .collect();
         println!(
-            "{:<26} {:>7.3} {:>7.3} {:>6.1} {:>5.3} {:>5.3}",
+            "{:<34} {:>7.3} {:>7.3} {:>6.1} {:>5.3} {:>5.3}",
             c.name,
             b * 1e3,
             median(t.clone()) * 1e3,

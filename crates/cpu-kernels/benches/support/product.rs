@@ -1,11 +1,12 @@
 //! One matrix product `y = W·x` built for a bench, with its buffers: shared by `matvec`,
-//! `stream_shape` and `thin_cpu`, so that their rows are the same set-up (weights alone in a
+//! `stream_shape` and `thin_cpu`, so that their rows are the same set-up; and a decode
+//! step's products, one node each ([`step`], for `matvec`) (weights alone in a
 //! buffer of the asked type, the column and the result in a 64-byte aligned CPU buffer,
 //! every byte 0x3c: 0x3c3c is 1.06 as f16, 0x3c3c3c3c 0.011 as f32, and one byte value
 //! everywhere is the same in the repacked layout).
 
 use backend_core::Buffer;
-use graph::{Context, ElementType, Graph};
+use graph::{Context, ElementType, Graph, TensorId};
 
 /// The graph of one product and what holds its tensors.
 pub struct Product {
@@ -61,4 +62,84 @@ pub fn cpu_weights(repack: bool) -> impl FnOnce(usize) -> Buffer {
         }
         .unwrap()
     }
+}
+
+/// A decode step's matrix products in one graph: `layers` times one node per weight shape
+/// `(k, m)` of `shapes`, each against an f32 column of its `k` (one column per distinct `k`,
+/// as a layer's products share their inputs). With `distinct`, every node has weights of its
+/// own, one after another in one buffer as a model's load them, so that they stream from
+/// memory as in a real step; without, the layers share one layer's weights, which then stay
+/// in cache, so that the nodes' own costs show apart from the memory's. `weight_bytes` is
+/// what the nodes read per compute.
+#[allow(dead_code, reason = "not every bench uses it")]
+pub fn step(
+    ty: ElementType,
+    shapes: &[(i64, i64)],
+    layers: usize,
+    repack: bool,
+    distinct: bool,
+) -> Product {
+    let mut ctx = Context::new();
+    let mut cols: Vec<(i64, TensorId)> = Vec::new();
+    let mut weights = Vec::new();
+    let mut results = Vec::new();
+    for layer in 0..layers {
+        for (s, &(k, m)) in shapes.iter().enumerate() {
+            let w = if distinct || layer == 0 {
+                let w = ctx.new_tensor_2d(ty, k, m).unwrap();
+                weights.push(w);
+                w
+            } else {
+                weights[s]
+            };
+            let x = match cols.iter().find(|c| c.0 == k) {
+                Some(&(_, x)) => x,
+                None => {
+                    let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
+                    cols.push((k, x));
+                    x
+                }
+            };
+            results.push((ctx.mul_mat(w, x).unwrap(), ctx[w].nbytes()));
+        }
+    }
+    let mut g = Graph::new(results.len() + cols.len() + weights.len());
+    for &(y, _) in &results {
+        g.build_forward_expand(&mut ctx, y).unwrap();
+    }
+    let wbuf = place(&mut ctx, &weights, cpu_weights(repack));
+    let inputs_outputs: Vec<TensorId> = cols
+        .iter()
+        .map(|c| c.1)
+        .chain(results.iter().map(|r| r.0))
+        .collect();
+    let xbuf = place(&mut ctx, &inputs_outputs, cpu_weights(false));
+    Product {
+        ctx,
+        g,
+        weight_bytes: results.iter().map(|r| r.1).sum(),
+        _bufs: vec![wbuf, xbuf],
+    }
+}
+
+/// `tensors` one after another (each at a multiple of 64 bytes) in one buffer from `alloc`,
+/// every byte 0x3c.
+fn place(ctx: &mut Context, tensors: &[TensorId], alloc: impl FnOnce(usize) -> Buffer) -> Buffer {
+    let at: Vec<usize> = tensors
+        .iter()
+        .scan(0, |end, &t| {
+            let start = *end;
+            *end += ctx[t].nbytes().next_multiple_of(64);
+            Some(start)
+        })
+        .collect();
+    let total = tensors
+        .last()
+        .map_or(0, |&t| at[at.len() - 1] + ctx[t].nbytes());
+    let buf = alloc(total.max(64));
+    buf.clear(0x3c).unwrap();
+    for (&t, &offset) in tensors.iter().zip(&at) {
+        backend_core::tensor_alloc(ctx, &buf, t, offset).unwrap();
+    }
+    buf
 }
