@@ -221,6 +221,11 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
             // short units of three and one such calls.
             (64, 112, 1, 1),
             (96, 80, 6, 1),
+            // A decode step's shapes (SmolLM2-135M's K and V, gate and up): small units, which
+            // each thread claims several at a time and computes as one run of groups.
+            (576, 192, 1, 1),
+            (576, 1536, 1, 1),
+            (576, 1536, 2, 1),
         ]
     };
     for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {

@@ -34,6 +34,14 @@ const CHUNKS_PER_THREAD: usize = 8;
 /// then finished 5–7 µs apart against 19–49 µs with 32 (four units a claim), of a call of
 /// about 850 µs (instrumented runs of `benches/matvec.rs`, the fastest quarter of calls).
 const STREAM_CHUNKS_PER_THREAD: usize = 128;
+/// Work (multiply-adds) a thread claims at once from its own range in
+/// [`Exec::par_for_contiguous`], where its units are smaller: at most half of what is left of
+/// the range, so the end of an op stays fine-grained for the thieves. A decode step's products
+/// have units of 16 rows of 576 (SmolLM2-135M: 6 KB of q4_1), and one claim each cost about
+/// as much as the unit's kernel; claimed seven at a time and computed as one run (the
+/// repacked path), the step's 420 products over cached weights took 1.40–1.50 times the
+/// 64 MiB read against 1.78–1.83 (`step_q4_1_repack_60_layers_cached` in `benches/matvec.rs`).
+const OWN_CLAIM_WORK: usize = 64 * 1024;
 /// Elements per unit of elementwise work.
 const ROW_CHUNK: usize = 4096;
 /// Rows of the weight matrix per unit in the dot-product matrix path.
@@ -213,7 +221,9 @@ impl Exec<'_> {
     /// sequential stream and the cores never interleave over the same region; a thread whose
     /// range is used up steals chunks from the back of the others' ranges, so a thread
     /// descheduled on a loaded machine does not hold up the op. Claiming is one
-    /// compare-and-swap per chunk on the owner's range. As for `par_for`, a unit's result
+    /// compare-and-swap per chunk on the owner's range; an owner claims at least
+    /// [`OWN_CLAIM_WORK`] at once (or half its range's rest), a thief one chunk, and `f` may
+    /// compute the units of a claim as one run. As for `par_for`, a unit's result
     /// does not depend on which thread computes it.
     fn par_for_contiguous<F>(
         &self,
@@ -237,6 +247,7 @@ impl Exec<'_> {
         let chunk = n_units
             .div_ceil(nth * STREAM_CHUNKS_PER_THREAD)
             .max(min_units);
+        let own_chunk = OWN_CLAIM_WORK.div_ceil(unit_cost.max(1)).max(chunk);
         let pack = |lo: usize, hi: usize| lo as u64 | (hi as u64) << 32;
         // `ranges` has one slot per scratch thread and `nth <= thread.len()` (as in par_for);
         // `victim < nth` by the modulo below.
@@ -256,7 +267,8 @@ impl Exec<'_> {
                     return None;
                 }
                 let (got, new) = if front {
-                    let e = (lo + chunk).min(hi);
+                    // At most half of what is left, so that the end stays fine-grained.
+                    let e = (lo + own_chunk.min((hi - lo).div_ceil(2)).max(chunk)).min(hi);
                     (lo..e, pack(e, hi))
                 } else {
                     let s = hi.saturating_sub(chunk).max(lo);

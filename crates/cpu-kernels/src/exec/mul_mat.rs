@@ -9,6 +9,11 @@ use crate::{q4tiles, repack};
 
 mod dot;
 
+/// Results (rows × columns) of the repacked path's runs of groups: the groups of the units
+/// a thread claims at once go through the kernel back to back and are stored together, one
+/// `rows_bytes` and one store per column for the run instead of per group of 16 rows.
+const REPACKED_RUN_FLOATS: usize = 4096;
+
 impl Exec<'_> {
     /// `packed`: `a` is q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of
     /// 16 rows).
@@ -223,22 +228,31 @@ impl Exec<'_> {
         let (m, k) = (a.ne[1], a.ne[0]);
         let mblocks = m.div_ceil(MM_ROWS);
         let n_mats = dst.ne[2] * dst.ne[3] / cols.bh;
-        self.par_for_contiguous(n_mats * mblocks, MM_ROWS * k * cols.nn, |units, ts| {
-            for u in units {
+        let nn = cols.nn;
+        // Groups computed between two stores of the results: as many as the claimed units
+        // hold, up to REPACKED_RUN_FLOATS results.
+        let run_groups = (REPACKED_RUN_FLOATS / (MM_ROWS * nn)).max(1);
+        self.par_for_contiguous(n_mats * mblocks, MM_ROWS * k * nn, |units, ts| {
+            let mut u = units.start;
+            while u < units.end {
                 let (mat, mb) = (u / mblocks, u % mblocks);
+                let groups = (units.end - u).min(mblocks - mb).min(run_groups);
                 let batch0 = mat * cols.bh;
                 let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
-                let rows = mb * MM_ROWS..((mb + 1) * MM_ROWS).min(m);
+                let rows = mb * MM_ROWS..((mb + groups) * MM_ROWS).min(m);
                 let nr = rows.len();
-                let out = grow(&mut ts.c, nr * cols.nn);
-                // One group of the repacked layout (the row count is a multiple of it).
-                let group = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
+                let out = grow(&mut ts.c, nr * nn);
+                // Whole groups of the repacked layout (the row count is a multiple of it).
+                let span = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
                 let col = |j: usize| cols.col(batch0, j);
-                repacked_group(isa, a.ty, group, cols.nn, nr, out, col);
-                for (o, jj) in out.chunks_exact(nr).zip(0..cols.nn) {
+                for (g, group) in span.chunks(span.len() / groups).enumerate() {
+                    repacked_group(isa, a.ty, group, nn, (nr, g * MM_ROWS), out, col);
+                }
+                for (o, jj) in out.chunks_exact(nr).zip(0..nn) {
                     let (h, j) = (jj / cols.n, jj % cols.n);
                     dst.store_f32(rows.start, j, i2_0 + h, i3, o);
                 }
+                u += groups;
             }
             Ok(())
         })
@@ -348,15 +362,16 @@ const Q4_1_REPACK_COLS: usize = 2;
 /// Columns per call of the repacked q8_0 kernel (eight accumulators per column).
 const Q8_0_REPACK_COLS: usize = 2;
 
-/// `out[j · nr + i]` = row `i` of the repacked (`repack`) q4_0, q4_1 or q8_0 group `group`
-/// (`nr` = 16 rows) dotted with packed column `col(j)`, for the `nn` columns: the repacked
-/// kernels, each over the columns in the counts it takes at once.
+/// `out[j · nr + at + i]` = row `i` of the repacked (`repack`) q4_0, q4_1 or q8_0 group
+/// `group` (16 rows) dotted with packed column `col(j)`, for the `nn` columns: the repacked
+/// kernels, each over the columns in the counts it takes at once. (`nr`: the rows of the
+/// results' run, of which this group's are `at..at + 16`.)
 fn repacked_group<'c>(
     isa: quant::Isa,
     ty: ElementType,
     group: &[u8],
     nn: usize,
-    nr: usize,
+    (nr, at): (usize, usize),
     out: &mut [f32],
     col: impl Fn(usize) -> &'c [u8],
 ) {
@@ -365,7 +380,7 @@ fn repacked_group<'c>(
         ($dot:path, $nc:expr) => {
             mul_mat_group::<$nc>(
                 nn,
-                nr,
+                (nr, at),
                 out,
                 col,
                 |c| $dot(isa, group, c),
@@ -381,18 +396,19 @@ fn repacked_group<'c>(
 }
 
 /// One group of `GROUP_ROWS` repacked rows against the `n` columns `col(0..n)`, `NC` at a
-/// time through `dot` and the rest one by one through `dot1`, into `out[j · nr ..]` per
-/// column `j`. (`dot` and `dot1` are the layout's kernel at `NC` columns and at one.)
+/// time through `dot` and the rest one by one through `dot1`, into `out[j · nr + at ..]`
+/// per column `j`. (`dot` and `dot1` are the layout's kernel at `NC` columns and at one.)
 fn mul_mat_group<'c, const NC: usize>(
     n: usize,
-    nr: usize,
+    (nr, at): (usize, usize),
     out: &mut [f32],
     col: impl Fn(usize) -> &'c [u8],
     dot: impl Fn([&'c [u8]; NC]) -> [[f32; crate::repack::GROUP_ROWS]; NC],
     dot1: impl Fn([&'c [u8]; 1]) -> [[f32; crate::repack::GROUP_ROWS]; 1],
 ) {
+    let rows = crate::repack::GROUP_ROWS;
     let mut put = |j: usize, d: &[f32]| {
-        out[j * nr..(j + 1) * nr].copy_from_slice(&d[..nr]);
+        out[j * nr + at..j * nr + at + rows].copy_from_slice(d);
     };
     let mut j = 0;
     while j + NC <= n {

@@ -254,7 +254,7 @@ impl<'a> DotOp<'a> {
         let group = grow(group, repack::GROUP_ROWS * self.row_len);
         repack::pack_group(a.ty, a.ne[0], &rws, group);
         let col = |j| self.qcol(u, j);
-        repacked_group(*isa, a.ty, group, cols.nn, u.rows.len(), out, col);
+        repacked_group(*isa, a.ty, group, cols.nn, (u.rows.len(), 0), out, col);
     }
 
     /// [`DotPath::TilesF32`]: one call per head (the tiles' slicing depends on the column
