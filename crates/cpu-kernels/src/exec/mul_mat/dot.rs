@@ -18,6 +18,11 @@ use super::*;
 /// `benches/stream_shape.rs` shows the same on one thread).
 const F16_UNIT_ROWS: usize = 8 * hdot::F16_ROWS;
 
+/// Results (rows × columns) of a run of [`DotPath::Rows`] units computed as one: the row
+/// blocks a thread claims at once (see `OWN_CLAIM_WORK`) share one bounds-checked span and
+/// one store per column.
+const ROWS_RUN_FLOATS: usize = 4096;
+
 /// Rows of a unit of several-column f16 products read in place (`hdot::dot_pairs_f16`):
 /// a decode step's `K·Q` has a few hundred rows of 64 elements per head, and each unit costs
 /// a claim, a scratch lookup and a store per column.
@@ -177,16 +182,26 @@ impl<'a> DotOp<'a> {
         let units = n_batch / self.operands.cols.bh * mblocks;
         // A unit's multiply-adds, as the split's cost hint (saturating: only compared).
         let cost = self.unit_rows.saturating_mul(k).saturating_mul(nn);
+        // Row blocks computed as one unit: those of a claim, up to ROWS_RUN_FLOATS results,
+        // where the family's loop takes any row count (the others keep their own order).
+        let run_blocks = match self.path {
+            DotPath::Rows => (ROWS_RUN_FLOATS / (self.unit_rows * nn)).max(1),
+            _ => 1,
+        };
         exec.par_for_contiguous(units, cost, |units, ts| {
-            for u in units {
-                self.unit(u / mblocks, u % mblocks, ts);
+            let mut u = units.start;
+            while u < units.end {
+                let (bi, mb) = (u / mblocks, u % mblocks);
+                let blocks = (units.end - u).min(mblocks - mb).min(run_blocks);
+                self.unit(bi, mb..mb + blocks, ts);
+                u += blocks;
             }
             Ok(())
         })
     }
 
-    /// Row block `mb` of the `bh` result matrices from `bi · bh` on.
-    fn unit(&self, bi: usize, mb: usize, ts: &mut ThreadScratch) {
+    /// Row blocks `mbs` of the `bh` result matrices from `bi · bh` on.
+    fn unit(&self, bi: usize, mbs: Range<usize>, ts: &mut ThreadScratch) {
         let (a, dst, bh, nn) = (
             self.operands.a,
             self.operands.dst,
@@ -196,7 +211,7 @@ impl<'a> DotOp<'a> {
         let batch0 = bi * bh;
         let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
         let (a2, a3) = (i2_0 / self.operands.r2, i3 / self.operands.r3);
-        let rows = mb * self.unit_rows..((mb + 1) * self.unit_rows).min(a.ne[1]);
+        let rows = mbs.start * self.unit_rows..(mbs.end * self.unit_rows).min(a.ne[1]);
         let nr = rows.len();
         let span = if a.rows_contiguous() {
             a.rows_bytes(rows.start, nr, a2, a3)
