@@ -65,14 +65,23 @@ const Q4_COLS: usize = 4;
 /// Floats of dequantized weights a thread keeps for one gemm call.
 const GEMM_PANEL_FLOATS: usize = 2 * 1024 * 1024;
 
-/// Per-thread scratch vectors.
+/// Per-thread scratch vectors, each thread's on lines of its own (with its lock: the
+/// `Mutex` around it takes the alignment).
 #[derive(Default, Debug)]
+#[repr(align(128))]
 pub(crate) struct ThreadScratch {
     a: Vec<f32>,
     b: Vec<f32>,
     c: Vec<f32>,
     bytes: Vec<u8>,
 }
+
+/// One thread's range of units in [`Exec::par_for_contiguous`] (`lo | hi << 32`), on lines
+/// of its own: the owner claims from it several times an op, and with the ranges side by
+/// side every claim took the line from the other core.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct OwnRange(AtomicU64);
 
 /// Scratch memory reused across computes: one set per thread plus a shared area.
 #[derive(Debug)]
@@ -82,7 +91,7 @@ pub(crate) struct Scratch {
     shared_u8: Vec<u8>,
     /// The work-stealing ranges of a streamed run, one per thread (kept so a run does not
     /// allocate).
-    ranges: Vec<AtomicU64>,
+    ranges: Vec<OwnRange>,
 }
 
 impl Scratch {
@@ -91,7 +100,7 @@ impl Scratch {
             thread: (0..n_threads.max(1)).map(|_| Mutex::default()).collect(),
             shared_f32: Vec::new(),
             shared_u8: Vec::new(),
-            ranges: (0..n_threads.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            ranges: (0..n_threads.max(1)).map(|_| OwnRange::default()).collect(),
         }
     }
 
@@ -252,7 +261,7 @@ impl Exec<'_> {
         // `ranges` has one slot per scratch thread and `nth <= thread.len()` (as in par_for);
         // `victim < nth` by the modulo below.
         let ranges = &self.scratch.ranges[..nth];
-        for (t, r) in ranges.iter().enumerate() {
+        for (t, OwnRange(r)) in ranges.iter().enumerate() {
             r.store(
                 pack(t * n_units / nth, (t + 1) * n_units / nth),
                 Ordering::Relaxed,
@@ -285,11 +294,11 @@ impl Exec<'_> {
             let mut ts = thread[ith].lock();
             let order = (0..nth).map(|o| (ith + o) % nth);
             for (o, victim) in order.enumerate() {
-                while let Some(units) = claim(&ranges[victim], o == 0) {
+                while let Some(units) = claim(&ranges[victim].0, o == 0) {
                     if let Err(e) = f(units, &mut ts) {
                         err.lock().get_or_insert(e);
                         // Stop handing out work: the op failed.
-                        ranges.iter().for_each(|r| r.store(0, Ordering::Relaxed));
+                        ranges.iter().for_each(|r| r.0.store(0, Ordering::Relaxed));
                         return;
                     }
                 }
