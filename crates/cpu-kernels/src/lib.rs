@@ -141,6 +141,9 @@
 //!   alternate chunks of one region; in a kernel-only harness that read 5–15 % slower than
 //!   contiguous halves in most runs (within the noise of the criterion bench on the shared
 //!   machine). The stealing keeps the load balance the counter gave on a loaded machine.
+//!   An owner claims at least `OWN_CLAIM_WORK` of its range at once (a decode step's
+//!   units of 16 short rows cost about as much to claim as to compute) and the product
+//!   paths compute a claim's row blocks as one run; a thief takes small chunks.
 //! * **Memory**: all raw pointer work on tensor bytes is in one module (`mem`); kernels read
 //!   rows into per-thread f32 scratch and write results back, which makes in-place ops and
 //!   arbitrary strides correct. The only other `unsafe` code: the pool's lifetime-erased job
