@@ -35,6 +35,8 @@
 
 #[path = "support/read_baseline.rs"]
 mod read_baseline;
+#[path = "support/smollm2.rs"]
+mod smollm2;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -194,15 +196,7 @@ fn bench_llama(
     cpu: &CpuCompute,
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
 ) {
-    let shapes = [
-        (576, 576),
-        (576, 192),
-        (576, 192),
-        (576, 576),
-        (576, 1536),
-        (576, 1536),
-        (1536, 576),
-    ];
+    let shapes = smollm2::LAYER_PRODUCTS;
     for repack in [false, true] {
         let (s, weight_bytes) = llama_decode(&shapes, repack);
         group.throughput(Throughput::Bytes(weight_bytes as u64));

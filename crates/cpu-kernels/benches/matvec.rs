@@ -36,6 +36,8 @@
 mod product;
 #[path = "support/read_baseline.rs"]
 mod read_baseline;
+#[path = "support/smollm2.rs"]
+mod smollm2;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -177,16 +179,6 @@ fn main() {
         .filter(|c| keep(c.0))
         .map(|&(name, ty, k, m, weights)| case(name, ty, k, m, weights))
         .collect();
-    // A decode step's products: SmolLM2-135M's seven per layer (Q, K, V, O, gate, up, down).
-    let smollm2 = [
-        (576, 576),
-        (576, 192),
-        (576, 192),
-        (576, 576),
-        (576, 1536),
-        (576, 1536),
-        (1536, 576),
-    ];
     let steps = [
         ("step_q4_1_repack_60_layers", ElementType::Q4_1, 60, true),
         ("step_q8_0_repack_30_layers", ElementType::Q8_0, 30, true),
@@ -199,7 +191,7 @@ fn main() {
     ];
     for (name, ty, layers, distinct) in steps {
         if keep(name) {
-            let p = product::step(ty, &smollm2, layers, true, distinct);
+            let p = product::step(ty, &smollm2::LAYER_PRODUCTS, layers, true, distinct);
             cases.push(Case {
                 name: name.to_owned(),
                 p,
