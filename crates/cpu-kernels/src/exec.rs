@@ -40,7 +40,8 @@ const STREAM_CHUNKS_PER_THREAD: usize = 128;
 /// have units of 16 rows of 576 (SmolLM2-135M: 6 KB of q4_1), and one claim each cost about
 /// as much as the unit's kernel; claimed seven at a time and computed as one run (the
 /// repacked path), the step's 420 products over cached weights took 1.40–1.50 times the
-/// 64 MiB read against 1.78–1.83 (`step_q4_1_repack_60_layers_cached` in `benches/matvec.rs`).
+/// 64 MiB read against 1.78–1.83 in two quiet alternations (`step_q4_1_repack_60_layers_cached`
+/// in `benches/matvec.rs`; 32 K: 1.51–1.56, 128 K: 1.38–1.48).
 const OWN_CLAIM_WORK: usize = 64 * 1024;
 /// Elements per unit of elementwise work.
 const ROW_CHUNK: usize = 4096;
