@@ -33,6 +33,8 @@
 //! the mean wall time measures the other jobs more than the kernel, while the fastest call
 //! is the time of a call that kept both cores. The ggml driver reports the same statistic.
 
+#[path = "support/place.rs"]
+mod place;
 #[path = "support/read_baseline.rs"]
 mod read_baseline;
 #[path = "support/smollm2.rs"]
@@ -52,29 +54,17 @@ struct Setup {
     _buf: backend_core::Buffer,
 }
 
+/// `ids` one after another in the CPU backend's own buffer type (64-byte aligned), as a
+/// model's weights loaded into the backend have it. In the crate's test host buffer (16 bytes
+/// past a cache line: a `Vec<u64>` from the allocator) the f32 mat-vec read a little slower:
+/// on one thread 0.84–1.09 of the read ceiling, mostly about 0.9, against 0.98–1.05 aligned
+/// (`benches/matvec.rs`, `f32_4096x4096_x1_host`).
 fn alloc(ctx: &mut Context, ids: &[TensorId]) -> backend_core::Buffer {
-    let mut total = 0;
-    let mut offs = Vec::new();
-    for &id in ids {
-        let off = usize::next_multiple_of(total, 64);
-        offs.push(off);
-        total = off + ctx[id].nbytes();
-    }
-    // The CPU backend's own buffer type (64-byte aligned), as a model's weights loaded into
-    // the backend have it. In the crate's test host buffer (16 bytes past a cache line: a
-    // `Vec<u64>` from the allocator) the f32 mat-vec read a little slower: on one thread
-    // 0.84–1.09 of the read ceiling, mostly about 0.9, against 0.98–1.05 aligned
-    // (`benches/matvec.rs`, `f32_4096x4096_x1_host`).
-    let buf = backend_cpu::cpu_buffer_type()
-        .alloc_buffer(total)
-        .expect("CPU buffer");
-    for (&id, off) in ids.iter().zip(offs) {
-        backend_core::tensor_alloc(ctx, &buf, id, off).unwrap();
-    }
-    // Deterministic small values everywhere (q4_0 blocks: any bytes are valid, but keep the
-    // f16 scales finite: 0x3c3c is 1.06).
-    buf.clear(0x3c).unwrap();
-    buf
+    place::place(ctx, ids, |bytes| {
+        backend_cpu::cpu_buffer_type()
+            .alloc_buffer(bytes)
+            .expect("CPU buffer")
+    })
 }
 
 fn mul_mat(ty: ElementType, k: i64, m: i64, n: i64) -> Setup {
@@ -243,24 +233,11 @@ fn llama_decode(shapes: &[(i64, i64)], repack: bool) -> ((Setup, backend_core::B
         g.build_forward_expand(&mut ctx, y).unwrap();
     }
     let wbuf = if repack {
-        let mut total = 0;
-        let offs: Vec<usize> = ws
-            .iter()
-            .map(|&w| {
-                let off = total;
-                total += ctx[w].nbytes().next_multiple_of(64);
-                off
-            })
-            .collect();
-        let wbuf = backend_cpu::cpu_repack_buffer_type()
-            .alloc_buffer(total)
-            .unwrap();
-        for (&w, off) in ws.iter().zip(offs) {
-            backend_core::tensor_alloc(&mut ctx, &wbuf, w, off).unwrap();
-        }
-        // One byte value everywhere is the same in either layout.
-        wbuf.clear(0x3c).unwrap();
-        wbuf
+        place::place(&mut ctx, &ws, |bytes| {
+            backend_cpu::cpu_repack_buffer_type()
+                .alloc_buffer(bytes)
+                .unwrap()
+        })
     } else {
         backend_cpu::cpu_buffer_type().alloc_buffer(0).unwrap()
     };

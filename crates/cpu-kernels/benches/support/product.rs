@@ -1,9 +1,11 @@
-//! One matrix product `y = W·x` built for a bench, with its buffers: shared by `matvec`,
-//! `stream_shape` and `thin_cpu`, so that their rows are the same set-up; and a decode
-//! step's products, one node each ([`step`], for `matvec`) (weights alone in a
-//! buffer of the asked type, the column and the result in a 64-byte aligned CPU buffer,
-//! every byte 0x3c: 0x3c3c is 1.06 as f16, 0x3c3c3c3c 0.011 as f32, and one byte value
-//! everywhere is the same in the repacked layout).
+//! The bench set-ups of matrix products, with their buffers: one product `y = W·x`
+//! ([`product`]), shared by `matvec`, `stream_shape` and `thin_cpu` so that their rows are the
+//! same set-up (weights alone in a buffer of the asked type, the column and the result in a
+//! 64-byte aligned CPU buffer, every byte 0x3c, see `place`); and a decode step's products,
+//! one node each ([`step`], for `matvec`).
+
+#[path = "place.rs"]
+mod place;
 
 use backend_core::Buffer;
 use graph::{Context, ElementType, Graph, TensorId};
@@ -33,16 +35,8 @@ pub fn product(
     let mut g = Graph::new(8);
     g.build_forward_expand(&mut ctx, y).unwrap();
     let weight_bytes = ctx[w].nbytes();
-    let wbuf = weights(weight_bytes);
-    wbuf.clear(0x3c).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &wbuf, w, 0).unwrap();
-    let xbytes = ctx[x].nbytes().next_multiple_of(64);
-    let xbuf = backend_cpu::cpu_buffer_type()
-        .alloc_buffer(xbytes + ctx[y].nbytes())
-        .unwrap();
-    xbuf.clear(0x3c).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &xbuf, x, 0).unwrap();
-    backend_core::tensor_alloc(&mut ctx, &xbuf, y, xbytes).unwrap();
+    let wbuf = place::place(&mut ctx, &[w], weights);
+    let xbuf = place::place(&mut ctx, &[x, y], cpu_weights(false));
     Product {
         ctx,
         g,
@@ -52,7 +46,6 @@ pub fn product(
 }
 
 /// Weights in the CPU buffer type (`repack` false) or in `CPU_REPACK`.
-#[allow(dead_code, reason = "not every bench places weights this way")]
 pub fn cpu_weights(repack: bool) -> impl FnOnce(usize) -> Buffer {
     move |bytes| {
         if repack {
@@ -107,39 +100,17 @@ pub fn step(
     for &(y, _) in &results {
         g.build_forward_expand(&mut ctx, y).unwrap();
     }
-    let wbuf = place(&mut ctx, &weights, cpu_weights(repack));
+    let wbuf = place::place(&mut ctx, &weights, cpu_weights(repack));
     let inputs_outputs: Vec<TensorId> = cols
         .iter()
         .map(|c| c.1)
         .chain(results.iter().map(|r| r.0))
         .collect();
-    let xbuf = place(&mut ctx, &inputs_outputs, cpu_weights(false));
+    let xbuf = place::place(&mut ctx, &inputs_outputs, cpu_weights(false));
     Product {
         ctx,
         g,
         weight_bytes: results.iter().map(|r| r.1).sum(),
         _bufs: vec![wbuf, xbuf],
     }
-}
-
-/// `tensors` one after another (each at a multiple of 64 bytes) in one buffer from `alloc`,
-/// every byte 0x3c.
-fn place(ctx: &mut Context, tensors: &[TensorId], alloc: impl FnOnce(usize) -> Buffer) -> Buffer {
-    let at: Vec<usize> = tensors
-        .iter()
-        .scan(0, |end, &t| {
-            let start = *end;
-            *end += ctx[t].nbytes().next_multiple_of(64);
-            Some(start)
-        })
-        .collect();
-    let total = tensors
-        .last()
-        .map_or(0, |&t| at[at.len() - 1] + ctx[t].nbytes());
-    let buf = alloc(total.max(64));
-    buf.clear(0x3c).unwrap();
-    for (&t, &offset) in tensors.iter().zip(&at) {
-        backend_core::tensor_alloc(ctx, &buf, t, offset).unwrap();
-    }
-    buf
 }
