@@ -412,3 +412,177 @@ fn weight_buffer_types_probe_without_placing() {
         "a refused probe leaves the placement alone"
     );
 }
+
+/// The products of one graph that share their input: `(k, m)` weights of `ty` in `buft`
+/// (the first `m` of `ms` with a view of its result between it and the next), all times one
+/// `x` of `n` columns, on one to three threads. The CPU backend runs such products as one
+/// job; each result must have the bits of the same product computed alone.
+fn shared_input_products(
+    buft: &BufferType,
+    ty: ElementType,
+    k: i64,
+    ms: &[i64],
+    n: i64,
+) -> (Vec<Vec<Vec<u8>>>, Vec<Vec<u8>>) {
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_2d(ElementType::F32, k, n).unwrap();
+    let ws: Vec<TensorId> = ms
+        .iter()
+        .map(|&m| ctx.new_tensor_2d(ty, k, m).unwrap())
+        .collect();
+    let ys: Vec<TensorId> = ws.iter().map(|&w| ctx.mul_mat(w, x).unwrap()).collect();
+    let wsize: Vec<usize> = ws
+        .iter()
+        .map(|&w| ctx[w].nbytes().next_multiple_of(64))
+        .collect();
+    let wbuf = buft.alloc_buffer(wsize.iter().sum()).unwrap();
+    let mut at = 0;
+    for (i, &w) in ws.iter().enumerate() {
+        tensor_alloc(&mut ctx, &wbuf, w, at).unwrap();
+        tensor_set(&ctx, w, 0, &q4_bytes_of(ty, 20 + i as u64, ctx[w].nbytes())).unwrap();
+        at += wsize[i];
+    }
+    let sizes: Vec<usize> = std::iter::once(x)
+        .chain(ys.iter().copied())
+        .map(|t| ctx[t].nbytes().next_multiple_of(64))
+        .collect();
+    let buf = cpu_buffer_type().alloc_buffer(sizes.iter().sum()).unwrap();
+    let mut at = 0;
+    for (t, size) in std::iter::once(x).chain(ys.iter().copied()).zip(&sizes) {
+        tensor_alloc(&mut ctx, &buf, t, at).unwrap();
+        at += size;
+    }
+    tensor_set(&ctx, x, 0, &f32_bytes(7, ctx[x].nbytes() / 4)).unwrap();
+    let mut g = Graph::new(16);
+    g.build_forward_expand(&mut ctx, ys[0]).unwrap();
+    let view = ctx.reshape_1d(ys[0], ms[0] * n).unwrap();
+    g.build_forward_expand(&mut ctx, view).unwrap();
+    for &y in &ys[1..] {
+        g.build_forward_expand(&mut ctx, y).unwrap();
+    }
+    let backend = backend_cpu::init().unwrap();
+    let cpu = CpuBackend::from_backend(&backend).unwrap();
+    let together = [1, 2, 3]
+        .into_iter()
+        .map(|t| {
+            cpu.set_n_threads(t);
+            for &y in &ys {
+                tensor_set(&ctx, y, 0, &vec![0xff; ctx[y].nbytes()]).unwrap();
+            }
+            backend.graph_compute(&ctx, g.as_view()).unwrap();
+            ys.iter().map(|&y| read(&ctx, y)).collect()
+        })
+        .collect();
+    cpu.set_n_threads(2);
+    let alone = ys
+        .iter()
+        .map(|&y| {
+            let mut g1 = Graph::new(4);
+            g1.build_forward_expand(&mut ctx, y).unwrap();
+            tensor_set(&ctx, y, 0, &vec![0xff; ctx[y].nbytes()]).unwrap();
+            backend.graph_compute(&ctx, g1.as_view()).unwrap();
+            read(&ctx, y)
+        })
+        .collect();
+    (together, alone)
+}
+
+#[test]
+fn products_of_one_input_run_together_with_the_bits_of_each_alone() {
+    let cases: &[(i64, &[i64], i64)] = if cfg!(miri) {
+        &[(64, &[16, 32], 1)]
+    } else {
+        &[
+            // SmolLM2-135M's Q, K and V; gate and up; with two columns.
+            (576, &[576, 192, 192], 1),
+            (576, &[1536, 1536], 1),
+            (576, &[576, 192, 192], 2),
+            // Short last groups, and more products than one job takes.
+            (64, &[48, 16, 80, 64, 16], 3),
+        ]
+    };
+    for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {
+        for buft in [cpu_buffer_type(), cpu_repack_buffer_type()] {
+            for &(k, ms, n) in cases {
+                let (together, alone) = shared_input_products(&buft, ty, k, ms, n);
+                for (t, results) in together.iter().enumerate() {
+                    let differ = results.iter().zip(&alone).position(|(a, b)| a != b);
+                    assert!(
+                        differ.is_none(),
+                        "{ty:?} in {} k={k} m={ms:?} n={n}, {} threads: product {differ:?}",
+                        buft.name(),
+                        t + 1
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Products of one input where a result lies over the other product's weights (placed so
+/// by hand; no allocator does this): they run one after the other, as the graph orders
+/// them, on any thread count.
+#[test]
+fn products_of_one_input_over_each_others_weights_run_in_graph_order() {
+    // Enough work for every thread (and little under Miri).
+    let (k, m, repeats) = if cfg!(miri) {
+        (64, 16, 1)
+    } else {
+        (1024, 64, 20)
+    };
+    let run = |threads: usize, together: bool| -> (Vec<u8>, Vec<u8>) {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
+        let w1 = ctx.new_tensor_2d(ElementType::Q8_0, k, m).unwrap();
+        let w2 = ctx.new_tensor_2d(ElementType::Q8_0, k, m).unwrap();
+        let y1 = ctx.mul_mat(w1, x).unwrap();
+        let y2 = ctx.mul_mat(w2, x).unwrap();
+        let nw = ctx[w1].nbytes();
+        let buf = cpu_buffer_type().alloc_buffer(4096 + 3 * nw).unwrap();
+        tensor_alloc(&mut ctx, &buf, x, 0).unwrap();
+        tensor_alloc(&mut ctx, &buf, w1, 4096).unwrap();
+        tensor_alloc(&mut ctx, &buf, w2, 4096 + nw).unwrap();
+        tensor_alloc(&mut ctx, &buf, y1, 4096 + 2 * nw).unwrap();
+        // y2 over the end of w1: y1 must read w1 before y2 is written.
+        let y2_at = 4096 + nw - ctx[y2].nbytes();
+        tensor_alloc(&mut ctx, &buf, y2, y2_at).unwrap();
+        tensor_set(&ctx, x, 0, &f32_bytes(8, k as usize)).unwrap();
+        tensor_set(
+            &ctx,
+            w1,
+            0,
+            &q4_bytes_of(ElementType::Q8_0, 9, ctx[w1].nbytes()),
+        )
+        .unwrap();
+        tensor_set(
+            &ctx,
+            w2,
+            0,
+            &q4_bytes_of(ElementType::Q8_0, 10, ctx[w2].nbytes()),
+        )
+        .unwrap();
+        let backend = backend_cpu::init().unwrap();
+        CpuBackend::from_backend(&backend)
+            .unwrap()
+            .set_n_threads(threads);
+        let graphs: Vec<Vec<TensorId>> = if together {
+            vec![vec![y1, y2]]
+        } else {
+            vec![vec![y1], vec![y2]]
+        };
+        for outs in graphs {
+            let mut g = Graph::new(8);
+            for y in outs {
+                g.build_forward_expand(&mut ctx, y).unwrap();
+            }
+            backend.graph_compute(&ctx, g.as_view()).unwrap();
+        }
+        (read(&ctx, y1), read(&ctx, y2))
+    };
+    let one_by_one = run(1, false);
+    for threads in [1, 2, 3] {
+        for _ in 0..repeats {
+            assert!(run(threads, true) == one_by_one, "{threads} threads");
+        }
+    }
+}

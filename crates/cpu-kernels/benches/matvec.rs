@@ -191,7 +191,14 @@ fn main() {
     ];
     for (name, ty, layers, distinct) in steps {
         if keep(name) {
-            let p = product::step(ty, &smollm2::LAYER_PRODUCTS, layers, true, distinct);
+            let p = product::step(
+                ty,
+                &smollm2::LAYER_PRODUCTS,
+                &smollm2::LAYER_INPUTS,
+                layers,
+                true,
+                distinct,
+            );
             cases.push(Case {
                 name: name.to_owned(),
                 p,

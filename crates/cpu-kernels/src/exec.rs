@@ -1,4 +1,5 @@
-//! The executor: runs one node at a time, splitting its work over the pool.
+//! The executor: runs one node at a time (or a run of matrix products of one input, see
+//! `mul_mat::shared_column_run`), splitting its work over the pool.
 //!
 //! Work is cut into units (row chunks for elementwise ops, rows for row-wise ops, row blocks
 //! for matrix products); a node whose total work is below [`MIN_WORK`] runs on the calling
@@ -23,6 +24,7 @@ use crate::{hdot, qdot, sgemm};
 mod mul_mat;
 
 use mul_mat::dequantize_row;
+pub(crate) use mul_mat::shared_column_run;
 
 /// Work (roughly: elements touched, or multiply-adds) below which a node runs on one thread.
 pub(crate) const MIN_WORK: usize = if cfg!(miri) { 64 } else { 32 * 1024 };

@@ -157,6 +157,11 @@ pub fn build_step(
         let q = ctx.mul_mat(lw.wq, cur)?;
         let k = ctx.mul_mat(lw.wk, cur)?;
         let v = ctx.mul_mat(lw.wv, cur)?;
+        // The three products next to each other in the graph (as llama.cpp adds them): the
+        // CPU backend runs products of one input that follow each other as one job.
+        for p in [q, k, v] {
+            graph.build_forward_expand(ctx, p)?;
+        }
         let q = ctx.reshape_3d(q, hd, n_head, n)?;
         let k = ctx.reshape_3d(k, hd, n_head_kv, n)?;
         let q = ctx.rope_ext(q, positions, hp.n_rot as i32, ROPE_NORMAL, rope)?;
@@ -218,6 +223,8 @@ pub fn build_step(
         let cur = ctx.mul(cur, lw.ffn_norm)?;
         let gate = ctx.mul_mat(lw.ffn_gate, cur)?;
         let up = ctx.mul_mat(lw.ffn_up, cur)?;
+        graph.build_forward_expand(ctx, gate)?;
+        graph.build_forward_expand(ctx, up)?;
         let act = ctx.silu(gate)?;
         let act = ctx.mul(act, up)?;
         let down = ctx.mul_mat(lw.ffn_down, act)?;

@@ -58,8 +58,9 @@ pub fn cpu_weights(repack: bool) -> impl FnOnce(usize) -> Buffer {
 }
 
 /// A decode step's matrix products in one graph: `layers` times one node per weight shape
-/// `(k, m)` of `shapes`, each against an f32 column of its `k` (one column per distinct `k`,
-/// as a layer's products share their inputs). With `distinct`, every node has weights of its
+/// `(k, m)` of `shapes`, node `i` of a layer against the f32 column `inputs[i]` (of its `k`;
+/// a layer's Q, K and V share one, as do gate and up, and the nodes that share one follow
+/// each other, as in a model's graph). With `distinct`, every node has weights of its
 /// own, one after another in one buffer as a model's load them, so that they stream from
 /// memory as in a real step; without, the layers share one layer's weights, which then stay
 /// in cache, so that the nodes' own costs show apart from the memory's. `weight_bytes` is
@@ -68,16 +69,17 @@ pub fn cpu_weights(repack: bool) -> impl FnOnce(usize) -> Buffer {
 pub fn step(
     ty: ElementType,
     shapes: &[(i64, i64)],
+    inputs: &[usize],
     layers: usize,
     repack: bool,
     distinct: bool,
 ) -> Product {
     let mut ctx = Context::new();
-    let mut cols: Vec<(i64, TensorId)> = Vec::new();
+    let mut cols: Vec<(usize, TensorId)> = Vec::new();
     let mut weights = Vec::new();
     let mut results = Vec::new();
     for layer in 0..layers {
-        for (s, &(k, m)) in shapes.iter().enumerate() {
+        for (s, (&(k, m), &input)) in shapes.iter().zip(inputs).enumerate() {
             let w = if distinct || layer == 0 {
                 let w = ctx.new_tensor_2d(ty, k, m).unwrap();
                 weights.push(w);
@@ -85,11 +87,11 @@ pub fn step(
             } else {
                 weights[s]
             };
-            let x = match cols.iter().find(|c| c.0 == k) {
+            let x = match cols.iter().find(|c| c.0 == input) {
                 Some(&(_, x)) => x,
                 None => {
                     let x = ctx.new_tensor_2d(ElementType::F32, k, 1).unwrap();
-                    cols.push((k, x));
+                    cols.push((input, x));
                     x
                 }
             };

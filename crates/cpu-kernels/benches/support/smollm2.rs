@@ -12,3 +12,8 @@ pub const LAYER_PRODUCTS: [(i64, i64); 7] = [
     (576, 1536),
     (1536, 576),
 ];
+
+/// Which input each of [`LAYER_PRODUCTS`] multiplies: Q, K and V the normed layer input (0),
+/// O the attention's heads (1), gate and up the normed FFN input (2), down the activation (3).
+#[allow(dead_code, reason = "not every bench uses it")]
+pub const LAYER_INPUTS: [usize; 7] = [0, 0, 0, 1, 2, 2, 3];

@@ -46,12 +46,8 @@ impl Exec<'_> {
             return Ok(());
         }
         // Indexing: `supports_op` checked `a.ne2, a.ne3 > 0` dividing `b`'s and
-        // `dst.ne == [m, n, b.ne2, b.ne3]`, so `i2 / r2 < a.ne2` and `i3 / r3 < a.ne3`. The
-        // packed columns are `ncols` slices of `k` floats (or `col_bytes` bytes), sliced by
-        // column indices `< ncols`; the products fit `usize` as they count elements (or
-        // packed bytes, at most the f32 size) of `b`, whose byte size the graph checked.
+        // `dst.ne == [m, n, b.ne2, b.ne3]`, so `i2 / r2 < a.ne2` and `i3 / r3 < a.ne3`.
         let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-        let n_batch = dst.ne[2] * dst.ne[3];
         // q4_0 weights always take the dot path: its kernel unpacks each block once for four
         // columns, and measured faster than dequantizing into the f32 gemm at every batch
         // up to 512 columns (2.5-3x at 32, 2x at 512).
@@ -83,12 +79,31 @@ impl Exec<'_> {
             }
             return self.mul_mat_gemm(dst, a, b, r2, r3);
         }
+        self.dot_products(&[Weighted { dst, a, packed }], b)
+    }
+
+    /// Products of the weights `items[i].a` with the same columns `b`, on the dot path (or
+    /// the repacked one), run as one job: the columns are packed once and every product's
+    /// units share the threads' ranges, so the products cost one hand-over to the workers
+    /// instead of one each (a decode step's Q, K and V; gate and up). The weights are all of
+    /// one type, `k > 0`, no result overlaps a source, and the caller chose the dot path
+    /// (the type and column count do not take the gemm).
+    pub(super) fn dot_products(
+        &mut self,
+        items: &[Weighted<'_>],
+        b: &TView,
+    ) -> Result<(), BackendError> {
+        let Some(first) = items.first() else {
+            return Ok(());
+        };
+        let (ty, k, n) = (first.a.ty, first.a.ne[0], b.ne[1]);
+        let (ne2, ne3) = (first.dst.ne[2], first.dst.ne[3]);
         // Dot-product path: pack src1 columns once (f32, or q8_0 for quantized weights).
-        let quantized = a.ty.is_quantized();
-        let ncols = n * n_batch;
+        let quantized = ty.is_quantized();
+        let ncols = n * ne2 * ne3;
         // q4_0 rows read the column in `quant`'s own layout (f32 scales, precomputed
         // corrections), q4_1 and q8_0 rows as `qdot` packs it (ggml's x86 rule).
-        let q4 = a.ty == ElementType::Q4_0;
+        let q4 = ty == ElementType::Q4_0;
         let col_bytes = if q4 {
             quant::q8_col_bytes(k)
         } else {
@@ -101,7 +116,7 @@ impl Exec<'_> {
             let tmp = grow(&mut scratch.thread[0].get_mut().a, k);
             let packed = grow(&mut scratch.shared_u8, ncols * col_bytes);
             for c in 0..ncols {
-                let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
+                let (j, i2, i3) = unravel(c, [k, n, ne2, ne3]);
                 b.load_f32(0, j, i2, i3, tmp);
                 let out = &mut packed[c * col_bytes..(c + 1) * col_bytes];
                 if q4 {
@@ -113,40 +128,94 @@ impl Exec<'_> {
         } else {
             let packed = grow(&mut self.scratch.shared_f32, ncols * k);
             for c in 0..ncols {
-                let (j, i2, i3) = unravel(c, [k, n, dst.ne[2], dst.ne[3]]);
+                let (j, i2, i3) = unravel(c, [k, n, ne2, ne3]);
                 let col = &mut packed[c * k..(c + 1) * k];
                 b.load_f32(0, j, i2, i3, col);
-                round_to_weight_type(a.ty, col);
+                round_to_weight_type(ty, col);
             }
         }
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
         let isa = quant::Isa::best();
-        // The `bh` query heads that share one matrix of `a` (GQA: `r2` of them) go in one
-        // unit, so that its rows are read (and for f16, converted) once for all of them: the
-        // heads' columns are the consecutive packed columns `batch0 · n ..`, `nn` in all.
-        let bh = if a.ne[2] * r2 == dst.ne[2] { r2 } else { 1 };
-        let cols = PackedCols {
-            bytes: packed_q,
-            col_bytes,
-            n,
-            nn: bh * n,
-            bh,
+        let products: Products<'_> = items
+            .iter()
+            .map(|&Weighted { dst, a, packed }| {
+                // Indexing: `supports_op` checked `a.ne2, a.ne3 > 0` dividing `b`'s and
+                // `dst.ne == [m, n, b.ne2, b.ne3]`, so `i2 / r2 < a.ne2` and `i3 / r3 <
+                // a.ne3`. The packed columns are `ncols` slices of `k` floats (or
+                // `col_bytes` bytes), sliced by column indices `< ncols`; the products fit
+                // `usize` as they count elements (or packed bytes, at most the f32 size) of
+                // `b`, whose byte size the graph checked.
+                let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+                // The `bh` query heads that share one matrix of `a` (GQA: `r2` of them) go
+                // in one unit, so that its rows are read (and for f16, converted) once for
+                // all of them: the heads' columns are the consecutive packed columns
+                // `batch0 · n ..`, `nn` in all.
+                let bh = if a.ne[2] * r2 == dst.ne[2] { r2 } else { 1 };
+                let cols = PackedCols {
+                    bytes: packed_q,
+                    col_bytes,
+                    n,
+                    nn: bh * n,
+                    bh,
+                };
+                if packed {
+                    return Product::Repacked(RepackedOp {
+                        dst,
+                        a,
+                        cols,
+                        r2,
+                        r3,
+                        isa,
+                    });
+                }
+                Product::Dot(dot::DotOp::new(dot::Operands {
+                    a,
+                    dst,
+                    cols,
+                    fcols: packed_f32,
+                    r2,
+                    r3,
+                    isa,
+                }))
+            })
+            .collect();
+        self.run_products(&products)
+    }
+
+    /// Every unit of `products` on the threads, the products' units one after another in
+    /// one job (each thread's share a contiguous stretch of the weights, as for one product).
+    /// Products whose units cost differently run one job each.
+    fn run_products(&self, products: &[Product<'_>]) -> Result<(), BackendError> {
+        let Some(cost) = products.first().map(Product::unit_cost) else {
+            return Ok(());
         };
-        let this = &*self;
-        if packed {
-            return this.mul_mat_repacked(dst, a, &cols, r2, r3, isa);
+        if products.iter().any(|p| p.unit_cost() != cost) {
+            return products
+                .iter()
+                .try_for_each(|p| self.run_products(std::slice::from_ref(p)));
         }
-        let operands = dot::Operands {
-            a,
-            dst,
-            cols,
-            fcols: packed_f32,
-            r2,
-            r3,
-            isa,
-        };
-        dot::DotOp::new(operands).run(this, n_batch)
+        // Where each product's units end in the job's numbering.
+        let mut ends = smallvec::SmallVec::<[usize; MAX_SHARED_COLUMNS]>::new();
+        let mut total = 0usize;
+        for p in products {
+            total = total.checked_add(p.units()).ok_or_else(|| {
+                BackendError::failed("CPU", "mul_mat: more work units than fit usize")
+            })?;
+            ends.push(total);
+        }
+        self.par_for_contiguous(total, cost, |units, ts| {
+            let mut u = units.start;
+            while u < units.end {
+                // Indexing: `u < total`, the last end.
+                let i = ends.partition_point(|&e| e <= u);
+                let start = if i == 0 { 0 } else { ends[i - 1] };
+                let stop = units.end.min(ends[i]);
+                products[i].run(u - start..stop - start, ts);
+                u = stop;
+            }
+            Ok(())
+        })
     }
 
     /// f32 weights on an AVX-512 CPU: our blocked product (`sgemm`). First every matrix
@@ -210,52 +279,6 @@ impl Exec<'_> {
         });
         self.scratch.shared_f32 = buf;
         res
-    }
-
-    /// The dot path over q4_0, q4_1 or q8_0 weights in the repacked layout (`repack`): a unit is one group
-    /// of `GROUP_ROWS` rows (= `MM_ROWS`) against all columns. (Units of a group against a
-    /// chunk of columns that stays in L2, chunks outermost, measured no faster at 512
-    /// columns.)
-    fn mul_mat_repacked(
-        &self,
-        dst: &TView,
-        a: &TView,
-        cols: &PackedCols<'_>,
-        r2: usize,
-        r3: usize,
-        isa: quant::Isa,
-    ) -> Result<(), BackendError> {
-        let (m, k) = (a.ne[1], a.ne[0]);
-        let mblocks = m.div_ceil(MM_ROWS);
-        let n_mats = dst.ne[2] * dst.ne[3] / cols.bh;
-        let nn = cols.nn;
-        // Groups computed between two stores of the results: as many as the claimed units
-        // hold, up to REPACKED_RUN_FLOATS results.
-        let run_groups = (REPACKED_RUN_FLOATS / (MM_ROWS * nn)).max(1);
-        self.par_for_contiguous(n_mats * mblocks, MM_ROWS * k * nn, |units, ts| {
-            let mut u = units.start;
-            while u < units.end {
-                let (mat, mb) = (u / mblocks, u % mblocks);
-                let groups = (units.end - u).min(mblocks - mb).min(run_groups);
-                let batch0 = mat * cols.bh;
-                let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
-                let rows = mb * MM_ROWS..((mb + groups) * MM_ROWS).min(m);
-                let nr = rows.len();
-                let out = grow(&mut ts.c, nr * nn);
-                // Whole groups of the repacked layout (the row count is a multiple of it).
-                let span = a.rows_bytes(rows.start, nr, i2_0 / r2, i3 / r3);
-                let col = |j: usize| cols.col(batch0, j);
-                for (g, group) in span.chunks(span.len() / groups).enumerate() {
-                    repacked_group(isa, a.ty, group, nn, (nr, g * MM_ROWS), out, col);
-                }
-                for (o, jj) in out.chunks_exact(nr).zip(0..nn) {
-                    let (h, j) = (jj / cols.n, jj % cols.n);
-                    dst.store_f32(rows.start, j, i2_0 + h, i3, o);
-                }
-                u += groups;
-            }
-            Ok(())
-        })
     }
 
     fn mul_mat_gemm(
@@ -332,6 +355,206 @@ impl Exec<'_> {
             }
             Ok(())
         })
+    }
+}
+
+impl Exec<'_> {
+    /// The products `ids` (a [`shared_column_run`]) as one job; one node at a time where a
+    /// result overlaps a source or another result (which [`Exec::node`] then reports).
+    pub fn shared_column_products(
+        &mut self,
+        ctx: &Context,
+        ids: &[TensorId],
+    ) -> Result<(), BackendError> {
+        let resolver = self.resolver;
+        let resolve = |id: Option<TensorId>, of: TensorId| match id {
+            Some(s) => TView::resolve(ctx, s, resolver),
+            None => Err(unsupported(ctx, of)),
+        };
+        let Some(&first) = ids.first() else {
+            return Ok(());
+        };
+        let b = resolve(ctx.get(first)?.src(1), first)?;
+        let mut views = smallvec::SmallVec::<[(TView, TView, bool); MAX_SHARED_COLUMNS]>::new();
+        for &id in ids {
+            let a = ctx.get(id)?.src(0);
+            let packed = a.map(|s| repack::layout(ctx, s)) == Some(repack::Layout::Repacked);
+            views.push((TView::resolve(ctx, id, resolver)?, resolve(a, id)?, packed));
+        }
+        let apart = views.iter().enumerate().all(|(i, (dst, _, _))| {
+            !dst.overlaps(&b)
+                && views
+                    .iter()
+                    .enumerate()
+                    .all(|(j, (other, a, _))| !dst.overlaps(a) && (i == j || !dst.overlaps(other)))
+        });
+        if !apart {
+            return ids.iter().try_for_each(|&id| self.node(ctx, id));
+        }
+        let items: smallvec::SmallVec<[Weighted<'_>; MAX_SHARED_COLUMNS]> = views
+            .iter()
+            .map(|(dst, a, packed)| Weighted {
+                dst,
+                a,
+                packed: *packed,
+            })
+            .collect();
+        self.dot_products(&items, &b)
+    }
+}
+
+/// The MUL_MAT nodes from `nodes[0]` on that multiply quantized weights (one type, one
+/// layout, single matrices) with the same `src1`, with only views between them: run as one
+/// job ([`Exec::shared_column_products`]), they pack their columns once and hand the
+/// workers one job. Returns the entries of `nodes` they cover and their ids (up to
+/// [`MAX_SHARED_COLUMNS`]); fewer than two ids are no run.
+pub(crate) fn shared_column_run(
+    ctx: &Context,
+    nodes: &[TensorId],
+) -> (usize, smallvec::SmallVec<[TensorId; MAX_SHARED_COLUMNS]>) {
+    let mut ids = smallvec::SmallVec::new();
+    let mut covered = 0;
+    // (src1, weight type, layout) of the run's first product.
+    let mut key = None;
+    for &id in nodes {
+        let Ok(t) = ctx.get(id) else { break };
+        if t.op() == Op::None || t.op().is_view_op() {
+            if key.is_none() {
+                break;
+            }
+            covered += 1;
+            continue;
+        }
+        let this = (t.op() == Op::MulMat)
+            .then(|| t.src(0).zip(t.src(1)))
+            .flatten()
+            .and_then(|(a, b)| Some((ctx.get(a).ok()?, a, ctx.get(b).ok()?, b)))
+            .filter(|(a, _, b, _)| {
+                matches!(
+                    a.ty(),
+                    ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0
+                ) && a.ne()[0] > 0
+                    && a.ne()[2..] == [1, 1]
+                    && b.ne()[2..] == [1, 1]
+            })
+            .filter(|_| crate::supports_op(ctx, id))
+            .map(|(a, a_id, _, b_id)| (b_id, a.ty(), repack::layout(ctx, a_id)));
+        match (this, key) {
+            (Some(k), None) => key = Some(k),
+            (Some(k), Some(first)) if k == first && ids.len() < MAX_SHARED_COLUMNS => {}
+            _ => break,
+        }
+        ids.push(id);
+        covered += 1;
+    }
+    // Views after the last product are not the run's.
+    let last = nodes[..covered]
+        .iter()
+        .rposition(|id| ids.last() == Some(id))
+        .map_or(0, |p| p + 1);
+    (last, ids)
+}
+
+/// Products of one [`Exec::dot_products`] job that share the columns: a decode step's Q,
+/// K and V are three.
+pub(crate) const MAX_SHARED_COLUMNS: usize = 4;
+
+/// One product's weights and result (a MUL_MAT node's `src0` and itself); `packed`: the
+/// weights are q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of 16 rows).
+#[derive(Clone, Copy)]
+pub(super) struct Weighted<'a> {
+    pub dst: &'a TView,
+    pub a: &'a TView,
+    pub packed: bool,
+}
+
+type Products<'a> = smallvec::SmallVec<[Product<'a>; MAX_SHARED_COLUMNS]>;
+
+/// One product's work on the dot path, as units of row blocks numbered from zero.
+enum Product<'a> {
+    Repacked(RepackedOp<'a>),
+    Dot(dot::DotOp<'a>),
+}
+
+impl Product<'_> {
+    fn units(&self) -> usize {
+        match self {
+            Product::Repacked(op) => op.units(),
+            Product::Dot(op) => op.units(),
+        }
+    }
+
+    /// A unit's multiply-adds (the split's cost hint).
+    fn unit_cost(&self) -> usize {
+        match self {
+            Product::Repacked(op) => op.unit_cost(),
+            Product::Dot(op) => op.unit_cost(),
+        }
+    }
+
+    fn run(&self, units: Range<usize>, ts: &mut ThreadScratch) {
+        match self {
+            Product::Repacked(op) => op.run(units, ts),
+            Product::Dot(op) => op.run(units, ts),
+        }
+    }
+}
+
+/// A product over q4_0, q4_1 or q8_0 weights in the repacked layout (`repack`): a unit is
+/// one group of `GROUP_ROWS` rows (= `MM_ROWS`) of one weight matrix against all its
+/// columns. (Units of a group against a chunk of columns that stays in L2, chunks
+/// outermost, measured no faster at 512 columns.)
+struct RepackedOp<'a> {
+    dst: &'a TView,
+    a: &'a TView,
+    cols: PackedCols<'a>,
+    r2: usize,
+    r3: usize,
+    isa: quant::Isa,
+}
+
+impl RepackedOp<'_> {
+    fn mblocks(&self) -> usize {
+        self.a.ne[1].div_ceil(MM_ROWS)
+    }
+
+    fn units(&self) -> usize {
+        self.dst.ne[2] * self.dst.ne[3] / self.cols.bh * self.mblocks()
+    }
+
+    fn unit_cost(&self) -> usize {
+        MM_ROWS
+            .saturating_mul(self.a.ne[0])
+            .saturating_mul(self.cols.nn)
+    }
+
+    /// Units `units`: the groups of a claim go through the kernel back to back, as many
+    /// between two stores of the results as `REPACKED_RUN_FLOATS` holds.
+    fn run(&self, units: Range<usize>, ts: &mut ThreadScratch) {
+        let (dst, a, cols) = (self.dst, self.a, &self.cols);
+        let (m, mblocks, nn) = (a.ne[1], self.mblocks(), cols.nn);
+        let run_groups = (REPACKED_RUN_FLOATS / (MM_ROWS * nn)).max(1);
+        let mut u = units.start;
+        while u < units.end {
+            let (mat, mb) = (u / mblocks, u % mblocks);
+            let groups = (units.end - u).min(mblocks - mb).min(run_groups);
+            let batch0 = mat * cols.bh;
+            let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
+            let rows = mb * MM_ROWS..((mb + groups) * MM_ROWS).min(m);
+            let nr = rows.len();
+            let out = grow(&mut ts.c, nr * nn);
+            // Whole groups of the repacked layout (the row count is a multiple of it).
+            let span = a.rows_bytes(rows.start, nr, i2_0 / self.r2, i3 / self.r3);
+            let col = |j: usize| cols.col(batch0, j);
+            for (g, group) in span.chunks(span.len() / groups).enumerate() {
+                repacked_group(self.isa, a.ty, group, nn, (nr, g * MM_ROWS), out, col);
+            }
+            for (o, jj) in out.chunks_exact(nr).zip(0..nn) {
+                let (h, j) = (jj / cols.n, jj % cols.n);
+                dst.store_f32(rows.start, j, i2_0 + h, i3, o);
+            }
+            u += groups;
+        }
     }
 }
 
@@ -444,5 +667,83 @@ fn round_to_weight_type(ty: ElementType, col: &mut [f32]) {
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use graph::Graph;
+
+    fn nodes(ctx: &mut Context, outs: &[TensorId]) -> Vec<TensorId> {
+        let mut g = Graph::new(64);
+        for &o in outs {
+            g.build_forward_expand(ctx, o).unwrap();
+        }
+        g.as_view().nodes.to_vec()
+    }
+
+    /// A layer's Q, K, V and what follows them: which nodes make one job.
+    #[test]
+    fn products_of_one_input_with_views_between_make_a_run() {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+        let w = |ctx: &mut Context, ty, m| ctx.new_tensor_2d(ty, 64, m).unwrap();
+        let (wq, wk, wv) = (
+            w(&mut ctx, ElementType::Q8_0, 64),
+            w(&mut ctx, ElementType::Q8_0, 32),
+            w(&mut ctx, ElementType::Q8_0, 32),
+        );
+        let q = ctx.mul_mat(wq, x).unwrap();
+        let q3 = ctx.reshape_3d(q, 16, 4, 1).unwrap();
+        let k = ctx.mul_mat(wk, x).unwrap();
+        let v = ctx.mul_mat(wv, x).unwrap();
+        let v3 = ctx.reshape_3d(v, 16, 2, 1).unwrap();
+        let list = nodes(&mut ctx, &[q, q3, k, v, v3]);
+        let (covered, ids) = shared_column_run(&ctx, &list);
+        assert_eq!(ids.as_slice(), &[q, k, v]);
+        // q, its view, k and v: not the view after v.
+        assert_eq!(covered, 4);
+        // The run starts only at a product, and one product alone is no run.
+        assert_eq!(list[1], q3);
+        assert!(shared_column_run(&ctx, &list[1..]).1.is_empty());
+        assert_eq!(shared_column_run(&ctx, &list[2..]).1.as_slice(), &[k, v]);
+        assert_eq!(shared_column_run(&ctx, &list[3..]).1.as_slice(), &[v]);
+        // At most MAX_SHARED_COLUMNS products a run.
+        let six: Vec<TensorId> = (0..6).map(|_| ctx.mul_mat(wk, x).unwrap()).collect();
+        let list = nodes(&mut ctx, &six);
+        assert_eq!(shared_column_run(&ctx, &list).1.len(), MAX_SHARED_COLUMNS);
+    }
+
+    #[test]
+    fn other_inputs_types_and_shapes_end_a_run() {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+        let x2 = ctx.new_tensor_2d(ElementType::F32, 64, 1).unwrap();
+        let q8 = ctx.new_tensor_2d(ElementType::Q8_0, 64, 32).unwrap();
+        let q4 = ctx.new_tensor_2d(ElementType::Q4_0, 64, 32).unwrap();
+        let f32w = ctx.new_tensor_2d(ElementType::F32, 64, 32).unwrap();
+        let q8_3d = ctx.new_tensor_3d(ElementType::Q8_0, 64, 32, 2).unwrap();
+        let x_3d = ctx.new_tensor_3d(ElementType::F32, 64, 1, 2).unwrap();
+        let a = ctx.mul_mat(q8, x).unwrap();
+        for other in [
+            ctx.mul_mat(q8, x2).unwrap(),
+            ctx.mul_mat(q4, x).unwrap(),
+            ctx.mul_mat(f32w, x).unwrap(),
+        ] {
+            let list = nodes(&mut ctx, &[a, other]);
+            let (covered, ids) = shared_column_run(&ctx, &list);
+            assert_eq!((covered, ids.as_slice()), (1, &[a][..]));
+        }
+        // f32 weights and stacks of matrices make no run, even with one input.
+        let f = [ctx.mul_mat(f32w, x).unwrap(), ctx.mul_mat(f32w, x).unwrap()];
+        let list = nodes(&mut ctx, &f);
+        assert!(shared_column_run(&ctx, &list).1.len() < 2);
+        let s = [
+            ctx.mul_mat(q8_3d, x_3d).unwrap(),
+            ctx.mul_mat(q8_3d, x_3d).unwrap(),
+        ];
+        let list = nodes(&mut ctx, &s);
+        assert!(shared_column_run(&ctx, &list).1.len() < 2);
     }
 }

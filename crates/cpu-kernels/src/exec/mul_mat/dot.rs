@@ -174,30 +174,40 @@ impl<'a> DotOp<'a> {
         }
     }
 
-    /// Every unit of the `n_batch` result matrices, on `exec`'s threads (each thread's
-    /// units one contiguous stretch of the weights).
-    pub(super) fn run(&self, exec: &Exec<'_>, n_batch: usize) -> Result<(), BackendError> {
-        let mblocks = self.operands.a.ne[1].div_ceil(self.unit_rows);
+    /// Row blocks of a weight matrix (units of `unit_rows` rows).
+    fn mblocks(&self) -> usize {
+        self.operands.a.ne[1].div_ceil(self.unit_rows)
+    }
+
+    /// The op's units: each weight matrix's row blocks against the result matrices that
+    /// share it.
+    pub(super) fn units(&self) -> usize {
+        let dst = self.operands.dst;
+        dst.ne[2] * dst.ne[3] / self.operands.cols.bh * self.mblocks()
+    }
+
+    /// A unit's multiply-adds, as the split's cost hint (saturating: only compared).
+    pub(super) fn unit_cost(&self) -> usize {
         let (k, nn) = (self.operands.a.ne[0], self.operands.cols.nn);
-        let units = n_batch / self.operands.cols.bh * mblocks;
-        // A unit's multiply-adds, as the split's cost hint (saturating: only compared).
-        let cost = self.unit_rows.saturating_mul(k).saturating_mul(nn);
+        self.unit_rows.saturating_mul(k).saturating_mul(nn)
+    }
+
+    /// Units `units` (of [`DotOp::units`]), on the calling thread.
+    pub(super) fn run(&self, units: Range<usize>, ts: &mut ThreadScratch) {
+        let (mblocks, nn) = (self.mblocks(), self.operands.cols.nn);
         // Row blocks computed as one unit: those of a claim, up to ROWS_RUN_FLOATS results,
         // where the family's loop takes any row count (the others keep their own order).
         let run_blocks = match self.path {
             DotPath::Rows => (ROWS_RUN_FLOATS / (self.unit_rows * nn)).max(1),
             _ => 1,
         };
-        exec.par_for_contiguous(units, cost, |units, ts| {
-            let mut u = units.start;
-            while u < units.end {
-                let (bi, mb) = (u / mblocks, u % mblocks);
-                let blocks = (units.end - u).min(mblocks - mb).min(run_blocks);
-                self.unit(bi, mb..mb + blocks, ts);
-                u += blocks;
-            }
-            Ok(())
-        })
+        let mut u = units.start;
+        while u < units.end {
+            let (bi, mb) = (u / mblocks, u % mblocks);
+            let blocks = (units.end - u).min(mblocks - mb).min(run_blocks);
+            self.unit(bi, mb..mb + blocks, ts);
+            u += blocks;
+        }
     }
 
     /// Row blocks `mbs` of the `bh` result matrices from `bi · bh` on.
