@@ -48,6 +48,10 @@ pub struct LlamaOptions {
     /// repacked at load), as llama.cpp does by default; `false` keeps every weight in place
     /// in the mapped file (llama.cpp's `--no-repack`, `use_extra_bufts = false`).
     pub extra_buffer_types: bool,
+    /// Cells a step attends over are padded to a multiple of this: a positive multiple of
+    /// [`N_KV_PAD`](crate::N_KV_PAD) (64, the default). llama.cpp pads to 256; every
+    /// multiple of 64 gives the same bits, the smaller ones with less work.
+    pub kv_pad: usize,
 }
 
 impl Default for LlamaOptions {
@@ -60,6 +64,7 @@ impl Default for LlamaOptions {
             rpc: Vec::new(),
             profile: false,
             extra_buffer_types: true,
+            kv_pad: crate::N_KV_PAD,
         }
     }
 }
@@ -149,6 +154,7 @@ impl Llama {
                 "n_ubatch must be at least 1".into(),
             ));
         }
+        crate::kv_cache::check_pad(opts.kv_pad)?;
         let n_layer = hp.n_layer;
         let offload = if !opts.rpc.is_empty() && opts.offload == 0 {
             n_layer.div_ceil(2)
@@ -244,7 +250,8 @@ impl Llama {
             backends.push(backend);
         }
         backends.push(cpu);
-        let cache = KvCache::new(&mut ctx, &hp, opts.n_ctx, &layer_bufts)?;
+        let mut cache = KvCache::new(&mut ctx, &hp, opts.n_ctx, &layer_bufts)?;
+        cache.set_pad(opts.kv_pad)?;
         let after_model = ctx.checkpoint();
         let cap = graph_capacity(n_layer);
         let sched = Scheduler::new(backends, None, 2 * cap, false)?;

@@ -17,9 +17,26 @@ use graph::{Context, ElementType, TensorId};
 use crate::error::{LlmError, Result};
 use crate::hparams::Hparams;
 
-/// Cells visible to a step are padded to a multiple of this (llama.cpp's `n_pad` for the
-/// unified cache), so the attention sums run over the same lengths as the reference.
-pub const N_KV_PAD: usize = 256;
+/// Cells visible to a step are padded to a multiple of this by default (see
+/// [`KvCache::set_pad`]).
+///
+/// llama.cpp pads its unified cache to 256 cells. Any multiple of 64 gives the same bits:
+/// the padding cells are masked (their probabilities are exactly 0, their keys only add
+/// rows), and the attention's f16 sums run in chunks of 64 (`ggml_vec_dot_f16`'s AVX-512
+/// order) or 16 (tinyBLAS), where each cell keeps its lane whatever the length, a masked
+/// cell adds an exact zero, and both orders are chosen alike for every multiple of 64. So we
+/// pad to 64: a short context's step reads and multiplies a quarter of the cells.
+pub const N_KV_PAD: usize = 64;
+
+/// `InvalidOption` unless `pad` is a positive multiple of [`N_KV_PAD`].
+pub(crate) fn check_pad(pad: usize) -> Result<()> {
+    if pad == 0 || !pad.is_multiple_of(N_KV_PAD) {
+        return Err(LlmError::InvalidOption(format!(
+            "KV padding {pad} must be a positive multiple of {N_KV_PAD}"
+        )));
+    }
+    Ok(())
+}
 
 /// The KV cache of one sequence.
 ///
@@ -34,13 +51,15 @@ pub const N_KV_PAD: usize = 256;
 /// assert_eq!(ctx[cache.k(0)?].ne(), [192, 512, 1, 1]); // keys: one cell per column
 /// assert_eq!(ctx[cache.v(0)?].ne(), [512, 192, 1, 1]); // values: transposed
 /// assert!(cache.k(hp.n_layer).is_err()); // no such block
-/// assert_eq!(cache.n_kv(31), 256); // a 31-token prompt attends over 256 (padded) cells
+/// assert_eq!(cache.n_kv(31), 64); // a 31-token prompt attends over 64 (padded) cells
 /// assert!(cache.check_room(513).is_err());
 /// # Ok::<(), llm::LlmError>(())
 /// ```
 #[derive(Debug)]
 pub struct KvCache {
     size: usize,
+    /// Visible cells are padded to a multiple of this.
+    pad: usize,
     n_embd_kv: usize,
     k: Vec<TensorId>,
     v: Vec<TensorId>,
@@ -120,6 +139,7 @@ impl KvCache {
         }
         Ok(KvCache {
             size: n_ctx,
+            pad: N_KV_PAD,
             n_embd_kv,
             k,
             v,
@@ -184,12 +204,36 @@ impl KvCache {
     }
 
     /// Cells a step of `n_tokens` new tokens attends over: the used cells plus the new
-    /// ones, rounded up to [`N_KV_PAD`], at most the cache size.
+    /// ones, rounded up to the padding ([`N_KV_PAD`] unless [`KvCache::set_pad`] chose
+    /// another), at most the cache size.
     pub fn n_kv(&self, n_tokens: usize) -> usize {
         (self.used + n_tokens)
-            .next_multiple_of(N_KV_PAD)
-            .max(N_KV_PAD)
+            .next_multiple_of(self.pad)
+            .max(self.pad)
             .min(self.size)
+    }
+
+    /// Pads the visible cells to a multiple of `pad` cells, a positive multiple of
+    /// [`N_KV_PAD`] (256 is llama.cpp's padding; the results are the same bits, see
+    /// [`N_KV_PAD`]). Anything else is an `InvalidOption` and changes nothing.
+    ///
+    /// ```
+    /// # use graph::Context;
+    /// # use llm::{Hparams, KvCache};
+    /// # backend_cpu::register();
+    /// # let hp = Hparams::smollm2_135m();
+    /// # let mut ctx = Context::new();
+    /// # let cpu = backend_cpu::cpu_device().buffer_type();
+    /// let mut cache = KvCache::new(&mut ctx, &hp, 512, &vec![cpu; hp.n_layer])?;
+    /// cache.set_pad(256)?;
+    /// assert_eq!(cache.n_kv(31), 256);
+    /// assert!(cache.set_pad(32).is_err());
+    /// # Ok::<(), llm::LlmError>(())
+    /// ```
+    pub fn set_pad(&mut self, pad: usize) -> Result<()> {
+        check_pad(pad)?;
+        self.pad = pad;
+        Ok(())
     }
 
     /// Marks `n` more cells as holding tokens (after a successful step).
