@@ -150,9 +150,9 @@
 //!   every product's row blocks in one numbering (`exec::shared_column_run`). Each result is
 //!   the same bits as the product computed alone. The hand-over to the workers costs about a
 //!   microsecond a job (the worker starts some 500 ns after it is posted, the caller waits
-//!   as long at the end), and a SmolLM2-135M step's 210 products became 120 jobs: its
-//!   products took 2.72–3.12 ms against 3.21–3.42 (`step_q4_1_repack_60_layers` in
-//!   `benches/matvec.rs`, five alternations). A result that overlaps a source or another
+//!   as long at the end), and a SmolLM2-135M step's 210 products became 120 jobs. Sixty
+//!   such layers' products (`step_q4_1_repack_60_layers` in `benches/matvec.rs`, 240 jobs
+//!   instead of 420) took 2.72–3.12 ms against 3.21–3.42, five alternations. A result that overlaps a source or another
 //!   result (no allocator does this) makes the nodes run one at a time, in graph order.
 //! * **Memory**: all raw pointer work on tensor bytes is in one module (`mem`); kernels read
 //!   rows into per-thread f32 scratch and write results back, which makes in-place ops and
