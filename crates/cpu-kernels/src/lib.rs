@@ -148,9 +148,10 @@
 //!   follow each other in the graph (views between them aside) and multiply the same `src1`
 //!   (a layer's Q, K and V; gate and up) pack that input once and hand the threads one job,
 //!   every product's row blocks in one numbering (`exec::shared_column_run`). Each result is
-//!   the same bits as the product computed alone. The hand-over to the workers costs about a
-//!   microsecond a job (the worker starts some 500 ns after it is posted, the caller waits
-//!   as long at the end), and a SmolLM2-135M step's 210 products became 120 jobs. Sixty
+//!   the same bits as the product computed alone. Each job costs a hand-over to the workers
+//!   (time stamps in a decode step: the worker starts 0.16–0.21 µs after the job is posted,
+//!   the caller waits 0.3–0.6 µs for it at the end), and a SmolLM2-135M step's 210 products
+//!   became 120 jobs. Sixty
 //!   such layers' products (`step_q4_1_repack_60_layers` in `benches/matvec.rs`, 240 jobs
 //!   instead of 420) took 2.72–3.12 ms against 3.21–3.42, five alternations. A result that overlaps a source or another
 //!   result (no allocator does this) makes the nodes run one at a time, in graph order.
