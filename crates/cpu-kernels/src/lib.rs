@@ -151,10 +151,10 @@
 //!   the same bits as the product computed alone. Each job costs a hand-over to the workers
 //!   (time stamps in a decode step: the worker starts 0.16–0.21 µs after the job is posted,
 //!   the caller waits 0.3–0.6 µs for it at the end), and a SmolLM2-135M step's 210 products
-//!   became 120 jobs. Sixty
-//!   such layers' products (`step_q4_1_repack_60_layers` in `benches/matvec.rs`, 240 jobs
-//!   instead of 420) took 2.72–3.12 ms against 3.21–3.42, five alternations. A result that overlaps a source or another
-//!   result (no allocator does this) makes the nodes run one at a time, in graph order.
+//!   became 120 jobs. Sixty such layers' products (`step_q4_1_repack_60_layers` in
+//!   `benches/matvec.rs`, 240 jobs instead of 420) took 2.72–3.12 ms against 3.21–3.42,
+//!   five alternations. A result that overlaps a source or another result (no allocator
+//!   does this) makes the nodes run one at a time, in graph order.
 //! * **Memory**: all raw pointer work on tensor bytes is in one module (`mem`); kernels read
 //!   rows into per-thread f32 scratch and write results back, which makes in-place ops and
 //!   arbitrary strides correct. The only other `unsafe` code: the pool's lifetime-erased job

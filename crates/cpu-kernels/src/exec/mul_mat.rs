@@ -9,10 +9,29 @@ use crate::{q4tiles, repack};
 
 mod dot;
 
-/// Results (rows × columns) of the repacked path's runs of groups: the groups of the units
-/// a thread claims at once go through the kernel back to back and are stored together, one
-/// `rows_bytes` and one store per column for the run instead of per group of 16 rows.
-const REPACKED_RUN_FLOATS: usize = 4096;
+/// Results (rows × columns) of a run of row blocks computed as one (the repacked path's
+/// groups, the dot path's `Rows` units): the blocks of the units a thread claims at once go
+/// through the kernel back to back and are stored together, one bounds-checked span and
+/// one store per column for the run instead of per block of rows.
+const RUN_FLOATS: usize = 4096;
+
+/// The runs of `units` (numbered matrix by matrix, `mblocks` row blocks a matrix) of at most
+/// `most` blocks each, none across two matrices: `(matrix, row blocks)`.
+fn runs(
+    units: Range<usize>,
+    mblocks: usize,
+    most: usize,
+) -> impl Iterator<Item = (usize, Range<usize>)> {
+    let mut u = units.start;
+    std::iter::from_fn(move || {
+        (u < units.end).then(|| {
+            let (mat, mb) = (u / mblocks, u % mblocks);
+            let blocks = (units.end - u).min(mblocks - mb).min(most);
+            u += blocks;
+            (mat, mb..mb + blocks)
+        })
+    })
+}
 
 impl Exec<'_> {
     /// `packed`: `a` is q4_0, q4_1 or q8_0 in the interleaved layout of `repack` (groups of
@@ -437,7 +456,6 @@ pub(crate) fn shared_column_run(
                     && a.ne()[2..] == [1, 1]
                     && b.ne()[2..] == [1, 1]
             })
-            .filter(|_| crate::supports_op(ctx, id))
             .map(|(a, a_id, _, b_id)| (b_id, a.ty(), repack::layout(ctx, a_id)));
         match (this, key) {
             (Some(k), None) => key = Some(k),
@@ -446,6 +464,13 @@ pub(crate) fn shared_column_run(
         }
         ids.push(id);
         covered += 1;
+    }
+    // Only ops the CPU computes, checked once there is a run (a lone product goes to
+    // `Exec::node`, which checks it): the run ends before the first other one.
+    if ids.len() >= 2
+        && let Some(bad) = ids.iter().position(|&id| !crate::supports_op(ctx, id))
+    {
+        ids.truncate(bad);
     }
     // Views after the last product are not the run's.
     let last = nodes[..covered]
@@ -529,18 +554,16 @@ impl RepackedOp<'_> {
     }
 
     /// Units `units`: the groups of a claim go through the kernel back to back, as many
-    /// between two stores of the results as `REPACKED_RUN_FLOATS` holds.
+    /// between two stores of the results as `RUN_FLOATS` holds.
     fn run(&self, units: Range<usize>, ts: &mut ThreadScratch) {
         let (dst, a, cols) = (self.dst, self.a, &self.cols);
-        let (m, mblocks, nn) = (a.ne[1], self.mblocks(), cols.nn);
-        let run_groups = (REPACKED_RUN_FLOATS / (MM_ROWS * nn)).max(1);
-        let mut u = units.start;
-        while u < units.end {
-            let (mat, mb) = (u / mblocks, u % mblocks);
-            let groups = (units.end - u).min(mblocks - mb).min(run_groups);
+        let (m, nn) = (a.ne[1], cols.nn);
+        let run_groups = (RUN_FLOATS / (MM_ROWS * nn)).max(1);
+        for (mat, mbs) in runs(units, self.mblocks(), run_groups) {
+            let groups = mbs.len();
             let batch0 = mat * cols.bh;
             let (i2_0, i3) = (batch0 % dst.ne[2], batch0 / dst.ne[2]);
-            let rows = mb * MM_ROWS..((mb + groups) * MM_ROWS).min(m);
+            let rows = mbs.start * MM_ROWS..(mbs.end * MM_ROWS).min(m);
             let nr = rows.len();
             let out = grow(&mut ts.c, nr * nn);
             // Whole groups of the repacked layout (the row count is a multiple of it).
@@ -553,7 +576,6 @@ impl RepackedOp<'_> {
                 let (h, j) = (jj / cols.n, jj % cols.n);
                 dst.store_f32(rows.start, j, i2_0 + h, i3, o);
             }
-            u += groups;
         }
     }
 }
@@ -745,5 +767,12 @@ mod tests {
         ];
         let list = nodes(&mut ctx, &s);
         assert!(shared_column_run(&ctx, &list).1.len() < 2);
+        // Products the CPU does not compute (an f16 input) make no run either: each goes
+        // to `Exec::node`, which reports it.
+        let x16 = ctx.new_tensor_2d(ElementType::F16, 64, 1).unwrap();
+        let h = [ctx.mul_mat(q8, x16).unwrap(), ctx.mul_mat(q8, x16).unwrap()];
+        let list = nodes(&mut ctx, &h);
+        assert!(!crate::supports_op(&ctx, h[0]));
+        assert!(shared_column_run(&ctx, &list).1.is_empty());
     }
 }

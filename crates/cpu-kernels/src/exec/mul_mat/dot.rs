@@ -18,11 +18,6 @@ use super::*;
 /// `benches/stream_shape.rs` shows the same on one thread).
 const F16_UNIT_ROWS: usize = 8 * hdot::F16_ROWS;
 
-/// Results (rows × columns) of a run of [`DotPath::Rows`] units computed as one: the row
-/// blocks a thread claims at once (see `OWN_CLAIM_WORK`) share one bounds-checked span and
-/// one store per column.
-const ROWS_RUN_FLOATS: usize = 4096;
-
 /// Rows of a unit of several-column f16 products read in place (`hdot::dot_pairs_f16`):
 /// a decode step's `K·Q` has a few hundred rows of 64 elements per head, and each unit costs
 /// a claim, a scratch lookup and a store per column.
@@ -194,19 +189,14 @@ impl<'a> DotOp<'a> {
 
     /// Units `units` (of [`DotOp::units`]), on the calling thread.
     pub(super) fn run(&self, units: Range<usize>, ts: &mut ThreadScratch) {
-        let (mblocks, nn) = (self.mblocks(), self.operands.cols.nn);
-        // Row blocks computed as one unit: those of a claim, up to ROWS_RUN_FLOATS results,
-        // where the family's loop takes any row count (the others keep their own order).
+        // Row blocks computed as one unit: those of a claim, up to RUN_FLOATS results, where
+        // the family's loop takes any row count (the others keep their own order).
         let run_blocks = match self.path {
-            DotPath::Rows => (ROWS_RUN_FLOATS / (self.unit_rows * nn)).max(1),
+            DotPath::Rows => (RUN_FLOATS / (self.unit_rows * self.operands.cols.nn)).max(1),
             _ => 1,
         };
-        let mut u = units.start;
-        while u < units.end {
-            let (bi, mb) = (u / mblocks, u % mblocks);
-            let blocks = (units.end - u).min(mblocks - mb).min(run_blocks);
-            self.unit(bi, mb..mb + blocks, ts);
-            u += blocks;
+        for (bi, mbs) in runs(units, self.mblocks(), run_blocks) {
+            self.unit(bi, mbs, ts);
         }
     }
 
