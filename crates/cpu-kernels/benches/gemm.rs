@@ -4,11 +4,17 @@
 //! default 2; `GEMM_SKIP_LARGE=1` leaves out 4096³; `GEMM_CASES=f32_,ffn` keeps the cases
 //! whose names contain one of the words). Each round measures, one after the other:
 //!
-//! * **the clock**: a chain of dependent integer adds (one cycle each on every x86 core),
-//!   timed; cycles ÷ seconds is the clock the core ran at;
+//! * **the clock**: a chain of dependent register-to-register integer adds (one cycle each
+//!   on every x86 core), timed; cycles ÷ seconds is the clock the core ran at (adds of an
+//!   immediate would not do: Golden Cove and later cores fold chains of them at rename, and
+//!   such a chain ran at a "clock" of 19–22 GHz on a Sapphire Rapids host);
+//! * **the clock under AVX-512 load**: the same chain with an independent zmm FMA after each
+//!   add, on every thread at once (the mean is the `clock GHz` column). Cores may run wide
+//!   vector code at a lower clock than scalar code (on a Sapphire Rapids host: 3.4–3.5 GHz
+//!   against 3.6–3.9 for the plain chain, which the `fma_peak` row also prints);
 //! * **the FMA peak**: every thread runs a loop of 24 independent AVX-512 FMA chains (no
 //!   loads), in GFLOP/s (2 FLOP per lane per FMA), and the nominal figure for comparison:
-//!   threads × 2 FMA units × 16 lanes × 2 FLOP × the measured clock;
+//!   threads × 2 FMA units × 16 lanes × 2 FLOP × the clock under AVX-512 load;
 //! * **MUL_MAT f32** through [`cpu_kernels::CpuCompute`] on MiniLM's shapes (weights
 //!   384×384, 1536×384 and 384×1536 against 4096 columns) and 4096³, and the `gemm` crate
 //!   (the previous path: one call per thread on half the rows each) on the same shapes.
@@ -95,22 +101,25 @@ fn fastest_both(reps: usize, mut f: impl FnMut()) -> (Duration, f64) {
     (wall, cpu)
 }
 
-/// Cycles per second of the calling thread's core: 8 dependent adds per iteration.
+/// Cycles per second of the calling thread's core: 8 dependent adds of a register per
+/// iteration (not of an immediate, which newer cores fold at rename).
 #[cfg(target_arch = "x86_64")]
 fn clock_hz() -> f64 {
     const ITERS: u64 = 2_000_000;
     let t = fastest(20, || {
         let mut x = 0u64;
+        let one = black_box(1u64);
         // SAFETY: register arithmetic only; no memory, no stack.
         unsafe {
             std::arch::asm!(
                 "2:",
-                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
-                "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                "add {x}, {one}", "add {x}, {one}", "add {x}, {one}", "add {x}, {one}",
+                "add {x}, {one}", "add {x}, {one}", "add {x}, {one}", "add {x}, {one}",
                 "sub {n}, 1",
                 "jnz 2b",
                 n = inout(reg) ITERS => _,
                 x = inout(reg) x,
+                one = in(reg) one,
                 options(nomem, nostack),
             );
         }
@@ -122,6 +131,67 @@ fn clock_hz() -> f64 {
 #[cfg(not(target_arch = "x86_64"))]
 fn clock_hz() -> f64 {
     f64::NAN
+}
+
+/// Cycles per second of the calling thread's core while it runs AVX-512 FMAs: the chain of
+/// [`clock_hz`] with an independent zmm FMA after each add (eight per iteration: four cycles
+/// of the two FMA units' time, well inside the chain's eight). A core may run wide vector
+/// code at a lower clock than scalar code; this is the clock the FMA peak is made of.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn clock_hz_under_fma() -> f64 {
+    const ITERS: u64 = 2_000_000;
+    let t = fastest(20, || {
+        let mut x = 0u64;
+        let one = black_box(1u64);
+        // SAFETY: register arithmetic only; no memory, no stack; the function's caller
+        // guarantees AVX-512 F.
+        unsafe {
+            std::arch::asm!(
+                "vxorps zmm0, zmm0, zmm0",
+                "2:",
+                "add {x}, {one}", "vfmadd231ps zmm1, zmm0, zmm0",
+                "add {x}, {one}", "vfmadd231ps zmm2, zmm0, zmm0",
+                "add {x}, {one}", "vfmadd231ps zmm3, zmm0, zmm0",
+                "add {x}, {one}", "vfmadd231ps zmm4, zmm0, zmm0",
+                "add {x}, {one}", "vfmadd231ps zmm5, zmm0, zmm0",
+                "add {x}, {one}", "vfmadd231ps zmm6, zmm0, zmm0",
+                "add {x}, {one}", "vfmadd231ps zmm7, zmm0, zmm0",
+                "add {x}, {one}", "vfmadd231ps zmm8, zmm0, zmm0",
+                "sub {n}, 1",
+                "jnz 2b",
+                n = inout(reg) ITERS => _,
+                x = inout(reg) x,
+                one = in(reg) one,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _, out("zmm8") _,
+                options(nomem, nostack),
+            );
+        }
+        black_box(x);
+    });
+    (8 * ITERS) as f64 / t.as_secs_f64()
+}
+
+/// The mean of [`clock_hz_under_fma`] over `nth` threads measuring at once (a core's clock
+/// under wide vector load can depend on how many cores are loaded), or `None` without
+/// AVX-512.
+fn clock_hz_fma(nth: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        let sum: f64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..nth)
+                // SAFETY: the CPU has AVX-512 F (checked above).
+                .map(|_| s.spawn(|| unsafe { clock_hz_under_fma() }))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(f64::NAN)).sum()
+        });
+        return Some(sum / nth as f64);
+    }
+    None
 }
 
 /// FLOP per call of [`fma_loop`].
@@ -309,13 +379,15 @@ fn main() {
     // speed.
     let mut quiet: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for round in 0..rounds {
-        let hz = clock_hz();
+        let scalar_hz = clock_hz();
+        let hz = clock_hz_fma(nth).unwrap_or(scalar_hz);
         let nominal = nth as f64 * 2.0 * 16.0 * 2.0 * hz / 1e9;
         let (peak, peak_cpu) = fma_peak(nth).unwrap_or((f64::NAN, f64::NAN));
         println!(
-            "{:<34} {round:>6} {:>9.2} {nominal:>9.1} {peak:>9.1}   FMA loop per CPU-second {peak_cpu:.1}",
+            "{:<34} {round:>6} {:>9.2} {nominal:>9.1} {peak:>9.1}   FMA loop per CPU-second {peak_cpu:.1}; scalar clock {:.2} GHz",
             "fma_peak",
-            hz / 1e9
+            hz / 1e9,
+            scalar_hz / 1e9
         );
         let mut before = peak;
         for (ci, c) in cases.iter().enumerate() {
