@@ -19,7 +19,9 @@
 //! `qdot::dot_rows` sends eight-row, one-column calls here when the CPU has the features;
 //! its tests compare every level against the portable kernels.
 //!
-//! Decode steps of `q4_1` go sixteen rows at a time to [`q4_1_rows16`] instead
+//! On Intel cores decode steps of `q4_1` go sixteen rows at a time to
+//! [`q4_1_rows16_quads`] (four rows to a register, no transposes; see
+//! [`prefers_quads`]). Elsewhere they go sixteen rows at a time to [`q4_1_rows16`] instead
 //! (`qdot::dot_rows16`): the plain blocks are transposed in registers into the repacked
 //! kernel's register contents (`repack::q4_1`) and computed as it does; with the weights in
 //! L3 that is a little faster than two eight-row calls (4096 × 4096: 137–143 µs against
@@ -437,6 +439,136 @@ pub(crate) unsafe fn q4_1_rows16(
     std::array::from_fn(|r| lanes[lane_row(r)])
 }
 
+/// Whether `q4_1` decode steps go to [`q4_1_rows16_quads`] rather than [`q4_1_rows16`]: on
+/// Intel cores (asked once). Both give the same bits; which is faster depends on the core.
+/// On a Sapphire Rapids host, whose 512-bit shuffles all run on one port, the transposing
+/// kernel computed 19.9–20.0 GB/s of weights a core in L2 and this one 23.8–25.2
+/// (`THIN_N=1 THIN_CASES=q4_1_x1_plain cargo bench -p cpu-kernels --bench thin_cpu`, three
+/// alternations), and 4096 × 4096 in L3 on two threads took 212–215 µs against 243–264
+/// (`benches/kernels.rs`); the transposing kernel was measured the faster on the AMD EPYC
+/// (Zen 5) host it was written on, where this one has not run.
+pub(crate) fn prefers_quads() -> bool {
+    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INTEL.get_or_init(|| {
+        let id = __cpuid(0);
+        let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes);
+        vendor.concat() == b"GenuineIntel"
+    })
+}
+
+/// `q4_1` rows against one packed column, sixteen rows at a time as four quads: `[row ·
+/// col; 16]`, the bits of [`q4_1_rows16`], or `None` when the rows lie too far apart for
+/// 32-bit offsets from the first.
+///
+/// A quad's register holds one row's sixteen quant bytes of a block in each 128-bit lane
+/// (one load and three merging broadcasts, no shuffles); its low nibbles against the
+/// column's bytes `0..16` (broadcast to every lane) give lanes `0..4` of the four rows
+/// (`dpbusd`), its high nibbles against bytes `16..32` lanes `4..8`, each lane's exact sum
+/// in the same 32-bit lane as before. So a quad keeps two accumulators, lanes `0..4` and
+/// `4..8` of its rows, and every lane continues its own FMA chain block by block, with the
+/// row's `d_w · d_a` picked into its four lanes by one permute. The sixteen rows' block
+/// headers come in with one gather (offsets from the first row), are split into `d` and
+/// `m` and converted together; at the end row `r`'s lanes `a0..a8` are summed in
+/// `qdot`'s order.
+///
+/// # Safety
+/// The CPU has the [`available`] features; every row holds `nb` `q4_1` blocks and `col` is a
+/// packed column of `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q4_1_rows16_quads(
+    rows: [&[u8]; ROWS16],
+    col: &[u8],
+    nb: usize,
+    prefetch: usize,
+) -> Option<[f32; ROWS16]> {
+    let rp = rows.map(<[u8]>::as_ptr);
+    let mut offsets = [0i32; ROWS16];
+    for (o, &p) in offsets.iter_mut().zip(&rp) {
+        *o = i32::try_from((p as isize).wrapping_sub(rp[0] as isize)).ok()?;
+    }
+    // SAFETY: `offsets` holds sixteen i32.
+    let vidx = unsafe { _mm512_loadu_si512(offsets.as_ptr().cast()) };
+    let (qs, ds, ss) = column(col, nb);
+    let m4 = _mm512_set1_epi8(0x0f);
+    // Quad g's scales: lanes 4i..4i + 4 take row 4g + i's.
+    let pick: [__m512i; 4] = std::array::from_fn(|g| {
+        let g = g as i32 * 4;
+        _mm512_setr_epi32(
+            g,
+            g,
+            g,
+            g,
+            g + 1,
+            g + 1,
+            g + 1,
+            g + 1,
+            g + 2,
+            g + 2,
+            g + 2,
+            g + 2,
+            g + 3,
+            g + 3,
+            g + 3,
+            g + 3,
+        )
+    });
+    let mut lo_acc = [_mm512_setzero_ps(); 4];
+    let mut hi_acc = [_mm512_setzero_ps(); 4];
+    let mut summs = _mm512_setzero_ps();
+    let mut pf_at = 0usize;
+    for b in 0..nb {
+        let off = b * Q4_1_BYTES;
+        // The next call's sixteen rows, `prefetch` bytes on (they follow each other).
+        prefetch_region(rp[0], prefetch, ROWS16, &mut pf_at, off + Q4_1_BYTES);
+        // SAFETY: block b of every row (20 bytes at `off`: the 4-byte header the gather
+        // reads at `rp[0] + off + offsets[r]` = `rp[r] + off`, and the 16 quant bytes at
+        // `off + 4`) and of the column (32 quants, one scale, one sum) is inside them
+        // (caller's contract).
+        unsafe {
+            let h = _mm512_i32gather_epi32::<1>(vidx, rp[0].add(off).cast());
+            let dx = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+            let mx = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(h)));
+            summs = _mm512_fmadd_ps(mx, _mm512_set1_ps(ss.add(b).read_unaligned()), summs);
+            let d = _mm512_mul_ps(dx, _mm512_set1_ps(ds.add(b).read_unaligned()));
+            let q = qs.add(QK * b);
+            let y_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(q.cast()));
+            let y_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(q.add(16).cast()));
+            for (g, (lo, hi)) in lo_acc.iter_mut().zip(&mut hi_acc).enumerate() {
+                let quants = |i: usize| _mm_loadu_si128(rp[4 * g + i].add(off + 4).cast());
+                let mut x = _mm512_castsi128_si512(quants(0));
+                x = _mm512_mask_broadcast_i32x4(x, 0x00f0, quants(1));
+                x = _mm512_mask_broadcast_i32x4(x, 0x0f00, quants(2));
+                x = _mm512_mask_broadcast_i32x4(x, 0xf000, quants(3));
+                let x_lo = _mm512_and_si512(x, m4);
+                let x_hi = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
+                let dq = _mm512_permutexvar_ps(pick[g], d);
+                let s_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x_lo, y_lo);
+                let s_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x_hi, y_hi);
+                *lo = _mm512_fmadd_ps(dq, _mm512_cvtepi32_ps(s_lo), *lo);
+                *hi = _mm512_fmadd_ps(dq, _mm512_cvtepi32_ps(s_hi), *hi);
+            }
+        }
+    }
+    let mut sm = [0.0f32; ROWS16];
+    // SAFETY: `sm` holds sixteen floats.
+    unsafe { _mm512_storeu_ps(sm.as_mut_ptr(), summs) };
+    let mut out = [0.0f32; ROWS16];
+    for (g, (lo, hi)) in lo_acc.iter().zip(&hi_acc).enumerate() {
+        let (mut l, mut h) = ([0.0f32; 16], [0.0f32; 16]);
+        // SAFETY: `l` and `h` hold sixteen floats each.
+        unsafe {
+            _mm512_storeu_ps(l.as_mut_ptr(), *lo);
+            _mm512_storeu_ps(h.as_mut_ptr(), *hi);
+        }
+        for i in 0..4 {
+            let (a, c) = (&l[4 * i..4 * i + 4], &h[4 * i..4 * i + 4]);
+            let lanes = [a[0], a[1], a[2], a[3], c[0], c[1], c[2], c[3]];
+            out[4 * g + i] = hsum8(&lanes) + sm[4 * g + i];
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::qdot::{WeightKind, col_bytes, dot_rows, quantize_col, quantize_q4_1};
@@ -571,6 +703,23 @@ mod tests {
                         let [d] = dot_rows(Isa::Scalar, kind, half, [&col[..]], 0);
                         for j in 0..8 {
                             want[8 * h + j] = d[j].to_bits();
+                        }
+                    }
+                    if kind == WeightKind::Q4_1 && super::available() {
+                        // Whichever kernel `dot_rows16` picks on this CPU, the other one too,
+                        // on the rows laid out one after the other as in a matrix.
+                        let flat = rows.concat();
+                        let fr: [&[u8]; ROWS16] =
+                            std::array::from_fn(|j| &flat[j * nb * bb..(j + 1) * nb * bb]);
+                        for prefetch in [0, 16 * bb * nb] {
+                            // SAFETY: `available()`; every row holds `nb` q4_1 blocks and the
+                            // column `nb` packed blocks.
+                            let quads = unsafe { super::q4_1_rows16_quads(fr, &col, nb, prefetch) };
+                            // SAFETY: as above.
+                            let transposed = unsafe { super::q4_1_rows16(fr, &col, nb, prefetch) };
+                            assert_eq!(transposed.map(f32::to_bits), want, "transposed nb={nb}");
+                            let quads = quads.expect("rows a row length apart");
+                            assert_eq!(quads.map(f32::to_bits), want, "quads nb={nb} {poison:?}");
                         }
                     }
                     for isa in Isa::available() {
