@@ -101,14 +101,24 @@ fn fastest_both(reps: usize, mut f: impl FnMut()) -> (Duration, f64) {
     (wall, cpu)
 }
 
+/// Iterations of the clock loops, eight dependent adds each.
+const CLOCK_ITERS: u64 = 2_000_000;
+
+/// Dependent adds per second of `chain` (which runs [`CLOCK_ITERS`] iterations of eight adds
+/// of its second argument to a running sum, and returns the sum): the fastest of 20 runs.
+fn adds_per_second(mut chain: impl FnMut(u64, u64) -> u64) -> f64 {
+    let t = fastest(20, || {
+        black_box(chain(CLOCK_ITERS, black_box(1)));
+    });
+    (8 * CLOCK_ITERS) as f64 / t.as_secs_f64()
+}
+
 /// Cycles per second of the calling thread's core: 8 dependent adds of a register per
 /// iteration (not of an immediate, which newer cores fold at rename).
 #[cfg(target_arch = "x86_64")]
 fn clock_hz() -> f64 {
-    const ITERS: u64 = 2_000_000;
-    let t = fastest(20, || {
+    adds_per_second(|n, one| {
         let mut x = 0u64;
-        let one = black_box(1u64);
         // SAFETY: register arithmetic only; no memory, no stack.
         unsafe {
             std::arch::asm!(
@@ -117,15 +127,14 @@ fn clock_hz() -> f64 {
                 "add {x}, {one}", "add {x}, {one}", "add {x}, {one}", "add {x}, {one}",
                 "sub {n}, 1",
                 "jnz 2b",
-                n = inout(reg) ITERS => _,
+                n = inout(reg) n => _,
                 x = inout(reg) x,
                 one = in(reg) one,
                 options(nomem, nostack),
             );
         }
-        black_box(x);
-    });
-    (8 * ITERS) as f64 / t.as_secs_f64()
+        x
+    })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -143,10 +152,8 @@ fn clock_hz() -> f64 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn clock_hz_under_fma() -> f64 {
-    const ITERS: u64 = 2_000_000;
-    let t = fastest(20, || {
+    adds_per_second(|n, one| {
         let mut x = 0u64;
-        let one = black_box(1u64);
         // SAFETY: register arithmetic only; no memory, no stack; the function's caller
         // guarantees AVX-512 F.
         unsafe {
@@ -163,7 +170,7 @@ unsafe fn clock_hz_under_fma() -> f64 {
                 "add {x}, {one}", "vfmadd231ps zmm8, zmm0, zmm0",
                 "sub {n}, 1",
                 "jnz 2b",
-                n = inout(reg) ITERS => _,
+                n = inout(reg) n => _,
                 x = inout(reg) x,
                 one = in(reg) one,
                 out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
@@ -171,9 +178,8 @@ unsafe fn clock_hz_under_fma() -> f64 {
                 options(nomem, nostack),
             );
         }
-        black_box(x);
-    });
-    (8 * ITERS) as f64 / t.as_secs_f64()
+        x
+    })
 }
 
 /// The mean of [`clock_hz_under_fma`] over `nth` threads measuring at once (a core's clock
