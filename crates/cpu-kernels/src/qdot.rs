@@ -333,7 +333,8 @@ pub(crate) fn dot_rows16(
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if kind == WeightKind::Q4_1 && isa == crate::quant::Isa::Avx512 && crate::qmv512::available() {
         if crate::qmv512::prefers_quads() {
-            // SAFETY: as below.
+            // SAFETY: the CPU has the kernel's features (checked above); every row holds
+            // `nb` q4_1 blocks and the column is a packed column of `nb` blocks (asserted).
             if let Some(out) = unsafe { crate::qmv512::q4_1_rows16_quads(rows, col, nb, prefetch) }
             {
                 return out;
