@@ -332,17 +332,16 @@ pub(crate) fn dot_rows16(
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if kind == WeightKind::Q4_1 && isa == crate::quant::Isa::Avx512 && crate::qmv512::available() {
-        if crate::qmv512::prefers_quads() {
-            // SAFETY: the CPU has the kernel's features (checked above); every row holds
-            // `nb` q4_1 blocks and the column is a packed column of `nb` blocks (asserted).
-            if let Some(out) = unsafe { crate::qmv512::q4_1_rows16_quads(rows, col, nb, prefetch) }
+        // SAFETY: the CPU has both kernels' features (checked above); every row holds `nb`
+        // q4_1 blocks and the column is a packed column of `nb` blocks (asserted above).
+        unsafe {
+            if crate::qmv512::prefers_quads()
+                && let Some(out) = crate::qmv512::q4_1_rows16_quads(rows, col, nb, prefetch)
             {
                 return out;
             }
+            return crate::qmv512::q4_1_rows16(rows, col, nb, prefetch);
         }
-        // SAFETY: the CPU has the kernel's features (checked above); every row holds `nb`
-        // q4_1 blocks and the column is a packed column of `nb` blocks (asserted above).
-        return unsafe { crate::qmv512::q4_1_rows16(rows, col, nb, prefetch) };
     }
     let mut out = [0.0f32; ROWS16];
     for (h, o) in out.chunks_exact_mut(ROWS16 / 2).enumerate() {

@@ -491,27 +491,9 @@ pub(crate) unsafe fn q4_1_rows16_quads(
     let (qs, ds, ss) = column(col, nb);
     let m4 = _mm512_set1_epi8(0x0f);
     // Quad g's scales: lanes 4i..4i + 4 take row 4g + i's.
-    let pick: [__m512i; 4] = std::array::from_fn(|g| {
-        let g = g as i32 * 4;
-        _mm512_setr_epi32(
-            g,
-            g,
-            g,
-            g,
-            g + 1,
-            g + 1,
-            g + 1,
-            g + 1,
-            g + 2,
-            g + 2,
-            g + 2,
-            g + 2,
-            g + 3,
-            g + 3,
-            g + 3,
-            g + 3,
-        )
-    });
+    let first_quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let pick: [__m512i; 4] =
+        std::array::from_fn(|g| _mm512_add_epi32(first_quad, _mm512_set1_epi32(4 * g as i32)));
     let mut lo_acc = [_mm512_setzero_ps(); 4];
     let mut hi_acc = [_mm512_setzero_ps(); 4];
     let mut summs = _mm512_setzero_ps();
