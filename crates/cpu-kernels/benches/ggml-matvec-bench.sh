@@ -21,9 +21,10 @@
 #   On a CPU with AMX-INT8 (Sapphire Rapids and later) ggml's CPU device offers a second
 #   extra buffer type, AMX, ahead of CPU_REPACK: it is what llama.cpp gives q4_0, q4_1 and
 #   q8_0 weights there. Its cases (q4_0, q4_1 and q8_0 ×1, ×32, ×512 as *_amx) run last, each
-#   in a process of its own, because ggml 0.25.3's AMX product crashed on such a host (a
-#   segfault in ggml_backend_amx_mul_mat on the ×32 shape, in llama-bench on SmolLM2's
-#   prompt): a case that dies prints `NAME crashed (exit status N)`.
+#   in a process of its own, because ggml 0.25.3's AMX product crashed on such a host (its
+#   ×32 and ×512 products died with SIGILL, once SIGSEGV; llama-bench segfaulted in
+#   ggml_backend_amx_mul_mat on SmolLM2's prompt): a case that dies prints
+#   `NAME crashed (exit status N)`.
 #   With BENCH_LARGE set (as for the Rust bench) f32_4096x4096x4096 comes first (one call
 #   per round).
 #   Weights and inputs are filled with the byte 0x3c, as the Rust bench does.

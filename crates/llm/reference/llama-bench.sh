@@ -10,7 +10,7 @@
 # Flash attention defaults to llama.cpp's own default (auto, which is "on" on the CPU).
 # On a CPU with AMX-INT8 llama.cpp puts q4_0, q4_1 and q8_0 weights in ggml's AMX buffer type,
 # whose product crashed on such a host (a segfault in ggml_backend_amx_mul_mat on the prompt;
-# ggml-matvec-bench.sh's *_amx cases died the same way), so there this script passes
+# ggml-matvec-bench.sh's *_amx cases of more than one column died too), so there this script passes
 # `--repack 0` (no extra buffer types): for this model's q4_1 and q8_0 weights that is the path
 # llama.cpp takes on x86 CPUs without AMX, whose CPU_REPACK type has no layout for either.
 # LLAMA_BENCH_AMX=1 leaves llama.cpp's default.
