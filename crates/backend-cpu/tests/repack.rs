@@ -226,6 +226,11 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
             (576, 192, 1, 1),
             (576, 1536, 1, 1),
             (576, 1536, 2, 1),
+            // One column a matrix: plain q4_0 reads it expanded (`q4tiles::expand_col`),
+            // several of them (three matrices), and rows long enough that on Intel cores
+            // each row is prefetched ahead of itself.
+            (256, 48, 1, 3),
+            (8192, 32, 1, 1),
         ]
     };
     for ty in [ElementType::Q4_0, ElementType::Q4_1, ElementType::Q8_0] {

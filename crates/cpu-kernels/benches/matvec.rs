@@ -16,7 +16,9 @@
 //! host buffer (16 bytes past a cache line, where the f32 kernel is mostly a little slower); `f16_8192x4096_x1` (64 MiB),
 //! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
 //! (72 MiB), and the last three again as `_repack` with the weights in the CPU's `CPU_REPACK`
-//! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into).
+//! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into). Plain q4_0 also as
+//! `q4_0_16384x8192_x1` and `q4_0_32768x4096_x1` (72 MiB each): rows of a quarter and half
+//! the length, where the kernel's prefetch changes (`q4tiles::one_column_next`).
 //!
 //! And a decode step's products as the model runs them, one node each in one graph
 //! (`support::product::step`): `step_q4_1_repack_60_layers` (SmolLM2-135M's seven products
@@ -164,6 +166,20 @@ fn main() {
             ElementType::Q4_0,
             8192,
             16384,
+            Weights::Cpu,
+        ),
+        (
+            "q4_0_16384x8192_x1",
+            ElementType::Q4_0,
+            8192,
+            16384,
+            Weights::Cpu,
+        ),
+        (
+            "q4_0_32768x4096_x1",
+            ElementType::Q4_0,
+            4096,
+            32768,
             Weights::Cpu,
         ),
         (

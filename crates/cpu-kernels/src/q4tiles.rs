@@ -1,6 +1,6 @@
 //! Plain q4_0 rows (the layout of a file, of a mapped or any other buffer) against packed
-//! columns with AVX-512 VNNI and VBMI, sixteen rows a call in four tiles of four: the same
-//! bits as `quant`'s eight-row kernel and the repacked kernels.
+//! columns with AVX-512 VNNI, VBMI and GFNI, sixteen rows a call in four tiles of four: the
+//! same bits as `quant`'s eight-row kernel and the repacked kernels.
 //!
 //! Why: the eight-row kernel spends most of its instructions collecting each row's scale
 //! and summing each row's products across lanes (`hadd`); from DRAM it ran at about a third
@@ -11,8 +11,9 @@
 //! * two rows share a pair of registers: `A` holds quant bytes `0..8` of each block of both
 //!   rows, `B` bytes `8..16` (one byte permute each, from the rows' step bytes `0..64` and
 //!   `8..72`), so that 128-bit lane `j` is block `j`: dwords `[row 0, row 1, row 0, row 1]`.
-//!   Their low and high nibbles against the column's matching bytes (four `dpbusd`) give
-//!   two exact partial sums per row and block;
+//!   Their low nibbles (a mask) and high nibbles (one GFNI affine transform,
+//!   `qmv512::high_nibbles`) against the column's matching bytes (four `dpbusd` chained
+//!   into one register) give two exact partial sums per row and block;
 //! * the two pairs of a tile are finished together (two 64-bit `unpack` and an add) so that
 //!   lane `4j + r` is the exact sum of block `j` of row `r`; minus the column's `8 · Σ q`,
 //!   converted, times `d_w · d_a` (the rows' scales are picked into the same lanes by two
@@ -33,24 +34,35 @@
 //! Every f32 operation is the plain kernels' (`d_w · d_a` rounded, one FMA per block into
 //! the even or odd accumulator, even + odd at the end) on the same exact integer sums.
 //!
+//! On a Sapphire Rapids core, where 512-bit shuffles issue on one port only and the
+//! two-source byte and word permutes take two cycles there, that port bounds the kernel:
+//! the high-nibble transform in place of a shift and a mask, the chained `dpbusd` (two adds
+//! fewer a tile) and, for one column, the column's registers built once per product
+//! ([`expand_col`]) instead of at every step of every call took one thread from 23.4–24.6
+//! to 25.9–26.2 GB/s of weights in L2 (`THIN_N=1 cargo bench -p cpu-kernels --bench
+//! thin_cpu`, six alternated runs; more in `docs/benchmarks.md`).
+//!
 //! The four tiles advance side by side, step by step, with their accumulators in registers.
 //! Where the executor's rows follow each other, a call also asks for the next call's
 //! sixteen rows (one stream of addresses, in step with its own progress, as `qmv512` does),
-//! so that from DRAM the memory sees one sequential stream; otherwise each row is
-//! prefetched a fixed distance ahead of its own stream (`x86::PREFETCH`).
+//! so that from DRAM the memory sees one sequential stream; otherwise, and on Intel cores
+//! for one column and long rows ([`one_column_next`]), each row is prefetched a fixed
+//! distance ahead of its own stream (`x86::PREFETCH`).
 
 use crate::quant::{Q4_0_BYTES, QK};
 
 /// Rows of a call.
 pub(crate) const ROWS: usize = 16;
 
-/// Whether [`dot_rows16`] can run here: AVX-512 with VNNI and VBMI (asked once).
+/// Whether [`dot_rows16`] can run here: AVX-512 with VNNI and VBMI, and GFNI (asked once).
 pub(crate) fn available() -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AVAILABLE.get_or_init(|| {
-            crate::quant::has_avx512() && std::arch::is_x86_feature_detected!("avx512vbmi")
+            crate::quant::has_avx512()
+                && std::arch::is_x86_feature_detected!("avx512vbmi")
+                && crate::qmv512::has_gfni()
         })
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
@@ -77,12 +89,111 @@ pub(crate) fn dot_rows16<const NC: usize>(
         available()
             && cols.iter().all(|c| c.len() == nb * (QK + 8))
             && end.is_some_and(|end| end <= rows.len()),
-        "q4tiles::dot_rows16: short rows or column, or no AVX-512 VBMI (a kernel bug)"
+        "q4tiles::dot_rows16: short rows or column, or no AVX-512 VBMI or GFNI (a kernel bug)"
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
+        let cols = cols.map(|c| crate::repack::x86::col_parts(c, nb));
         // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
         // `r * stride` inside `rows` and every column `nb` packed blocks (asserted above).
+        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        let _ = next;
+        unreachable!("`available` is false without x86-64")
+    }
+}
+
+/// The largest call (sixteen rows of `row_bytes`) for which a call against one expanded
+/// column prefetches the next call's rows on Intel cores: a core's L1 data cache on the
+/// Sapphire Rapids host (see [`one_column_next`]).
+const NEXT_CALL_MAX_BYTES: usize = 48 << 10;
+
+/// The `next` a call against one expanded column passes, given the next call's offset and
+/// the rows' length: on Intel cores, when sixteen rows are more than
+/// [`NEXT_CALL_MAX_BYTES`], 0, so that each row is prefetched ahead of itself instead.
+///
+/// Why: on the AMD host the kernels were tuned on, one stream of addresses for the next
+/// call's rows was the faster from DRAM. On a Sapphire Rapids host (48 KiB of L1 data a
+/// core), from memory on two threads (`benches/matvec.rs`, three alternated sets each), the
+/// fraction of the read's rate was:
+///
+/// | weights | a call's rows | next call's rows | each row ahead |
+/// |---|---|---|---|
+/// | 8192 × 16384 | 144 KiB | 0.79–0.85 | 0.86–0.88 |
+/// | 16384 × 8192 | 72 KiB | 0.78–0.80 | 0.87–0.89 |
+/// | 32768 × 4096 | 36 KiB | 0.83–0.86 | 0.78–0.79 |
+///
+/// and 4096 × 4096 from L3 (`benches/kernels.rs`) took 176–182 µs with the next call's rows
+/// against 187–193. Lines asked for a whole call ahead stay in L1 only while a call fits.
+pub(crate) fn one_column_next(next: usize, row_bytes: usize) -> usize {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if crate::qmv512::intel() && ROWS.saturating_mul(row_bytes) > NEXT_CALL_MAX_BYTES {
+        return 0;
+    }
+    let _ = row_bytes;
+    next
+}
+
+/// Bytes of one step (four blocks) of a column expanded by [`expand_col`]: four registers
+/// of column quants, the corrections and the scales, 64 bytes each.
+const EXPANDED_STEP_BYTES: usize = 6 * 64;
+
+/// Bytes of a column of `nb` blocks expanded by [`expand_col`].
+pub(crate) fn expanded_col_bytes(nb: usize) -> usize {
+    nb.div_ceil(4) * EXPANDED_STEP_BYTES
+}
+
+/// Writes the column `col` (packed by `quant::quantize_q8_col`, `nb` blocks) as
+/// [`dot_rows16_expanded`] reads it: every step's registers as [`dot_rows16`] builds them
+/// from the packed bytes (column quants permuted to meet the rows' nibbles, each block's
+/// correction and scale spread over its 128-bit lane), stored.
+///
+/// Why: [`dot_rows16`] builds them at every step of every call, six shuffles on the port
+/// that the rows' own permutes keep busy. A decode step's column is read by every call of
+/// the product, so building it once saves those shuffles in all but one (see
+/// `docs/benchmarks.md`). At 384 bytes a step (against 160 packed) an expanded column of
+/// 16384 elements is 48 KiB: worth it for one column, not for a prompt's hundreds.
+pub(crate) fn expand_col(col: &[u8], out: &mut [u8]) {
+    let nb = col.len() / (QK + 8);
+    assert!(
+        available() && col.len() == nb * (QK + 8) && out.len() == expanded_col_bytes(nb),
+        "q4tiles::expand_col: wrong sizes, or no AVX-512 VBMI or GFNI (a kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: the CPU has the features; `col` holds `nb` packed blocks and `out` the
+    // expanded size (asserted above).
+    unsafe {
+        x86::expand_col(col, nb, out.as_mut_ptr());
+    }
+}
+
+/// [`dot_rows16`] against columns expanded by [`expand_col`] (of `nb` blocks): the same
+/// bits.
+pub(crate) fn dot_rows16_expanded<const NC: usize>(
+    rows: &[u8],
+    stride: usize,
+    cols: [&[u8]; NC],
+    nb: usize,
+    next: usize,
+) -> [[f32; ROWS]; NC] {
+    let end = (ROWS - 1)
+        .checked_mul(stride)
+        .and_then(|o| o.checked_add(nb * Q4_0_BYTES));
+    assert!(
+        available()
+            && cols.iter().all(|c| c.len() == expanded_col_bytes(nb))
+            && end.is_some_and(|end| end <= rows.len()),
+        "q4tiles::dot_rows16_expanded: short rows or column, or no AVX-512 VBMI or GFNI (a \
+         kernel bug)"
+    );
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let cols = cols.map(|c| x86::Expanded(c.as_ptr()));
+        // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
+        // `r * stride` inside `rows` and every column all steps of `nb` blocks (asserted
+        // above).
         unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next) }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
@@ -97,7 +208,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{QK, ROWS};
-    use crate::qmv512::prefetch_region;
+    use crate::qmv512::{high_nibbles, prefetch_region};
     use crate::quant::Q4_0_BYTES;
     use crate::repack::x86::{Col, col_parts};
 
@@ -126,7 +237,7 @@ mod x86 {
     /// every block and register `B` bytes `8..16`, so that the four `dpbusd` of a pair leave
     /// in 128-bit lane `j` the dwords `[row 0 half 0, row 1 half 0, row 0 half 1, row 1
     /// half 1]` of block `j`, and two 64-bit unpacks and one add finish a tile's sums.
-    struct Indices {
+    pub(super) struct Indices {
         /// Byte `16j + 4d + t` of a pair's `A`: quant byte `4(d / 2) + t` of block `j` of
         /// row `d % 2`, which is byte `18j + 2 + q` of that row's first 64 step bytes (the
         /// second row's from index 64).
@@ -145,7 +256,9 @@ mod x86 {
     }
 
     impl Indices {
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+        #[target_feature(
+            enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni"
+        )]
         fn new() -> Indices {
             // (block, row of the pair, quarter of the half, byte) of output byte `o`.
             let parts = |o: usize| (o / 16, o / 4 % 2, o / 8 % 2, o % 4);
@@ -185,7 +298,7 @@ mod x86 {
     /// nibbles and `B` low and high nibbles, and each block's correction and scale in its
     /// 128-bit lane.
     #[derive(Clone, Copy)]
-    struct ColStep {
+    pub(super) struct ColStep {
         q: [__m512i; 4],
         corr: __m512i,
         dy: __m512,
@@ -196,7 +309,7 @@ mod x86 {
     /// # Safety
     /// The features of [`super::available`]; blocks `b .. b + v` of the column exist.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni")]
     unsafe fn col_step(ix: &Indices, c: &Col, b: usize, v: usize) -> ColStep {
         // SAFETY: the loads touch only blocks b .. b + v (caller's contract): whole when
         // v = 4, masked to them otherwise.
@@ -237,7 +350,7 @@ mod x86 {
     /// The features of [`super::available`]; blocks `b .. b + v` of the four rows and of every
     /// column exist.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni")]
     unsafe fn step<const NC: usize>(
         ix: &Indices,
         p: *const u8,
@@ -274,7 +387,7 @@ mod x86 {
             let a = _mm512_permutex2var_epi8(r0[0], ix.quants_a, r1[0]);
             let b = _mm512_permutex2var_epi8(r0[1], ix.quants_b, r1[1]);
             let lo = |w: __m512i| _mm512_and_si512(w, m4);
-            let hi = |w: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+            let hi = |w: __m512i| high_nibbles(w);
             [lo(a), hi(a), lo(b), hi(b)]
         });
         // Blocks past the last (v < 4) are left out of the FMAs.
@@ -283,12 +396,10 @@ mod x86 {
         for (acc, col) in acc.iter_mut().zip(cols) {
             let s: [__m512i; TILE / 2] = std::array::from_fn(|h| {
                 let [a_lo, a_hi, b_lo, b_hi] = x[h];
-                let z = _mm512_setzero_si512();
-                let sa =
-                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, a_lo, col.q[0]), a_hi, col.q[1]);
-                let sb =
-                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, b_lo, col.q[2]), b_hi, col.q[3]);
-                _mm512_add_epi32(sa, sb)
+                let mut s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a_lo, col.q[0]);
+                s = _mm512_dpbusd_epi32(s, a_hi, col.q[1]);
+                s = _mm512_dpbusd_epi32(s, b_lo, col.q[2]);
+                _mm512_dpbusd_epi32(s, b_hi, col.q[3])
             });
             // Lane 4j + r: the sum of block j of row r (exact).
             let sums = _mm512_add_epi32(
@@ -311,21 +422,89 @@ mod x86 {
         }
     }
 
-    /// [`super::dot_rows16`].
+    /// Where a call's columns come from, a step at a time: a packed column (its registers
+    /// permuted from the packed bytes at every step) or an expanded one (the same registers
+    /// stored by [`expand_col`], read back).
+    pub(super) trait ColSource: Copy {
+        /// The column's [`ColStep`] at blocks `b .. b + v`.
+        ///
+        /// # Safety
+        /// The features of [`super::available`]; blocks `b .. b + v` of the column exist.
+        unsafe fn step(&self, ix: &Indices, b: usize, v: usize) -> ColStep;
+    }
+
+    impl ColSource for Col {
+        #[inline(always)]
+        unsafe fn step(&self, ix: &Indices, b: usize, v: usize) -> ColStep {
+            // SAFETY: the caller's contract is `col_step`'s.
+            unsafe { col_step(ix, self, b, v) }
+        }
+    }
+
+    /// A column expanded by [`expand_col`]: [`super::EXPANDED_STEP_BYTES`] a step.
+    #[derive(Clone, Copy)]
+    pub(super) struct Expanded(pub(super) *const u8);
+
+    impl ColSource for Expanded {
+        #[inline(always)]
+        unsafe fn step(&self, _: &Indices, b: usize, _: usize) -> ColStep {
+            // SAFETY: step `b / STEP` exists (the caller's contract): six registers.
+            unsafe {
+                let at = self.0.add(b / STEP * super::EXPANDED_STEP_BYTES);
+                let reg = |i: usize| _mm512_loadu_si512(at.add(64 * i).cast());
+                ColStep {
+                    q: [reg(0), reg(1), reg(2), reg(3)],
+                    corr: reg(4),
+                    dy: _mm512_castsi512_ps(reg(5)),
+                }
+            }
+        }
+    }
+
+    /// [`super::expand_col`]: every step of `col` (`nb` blocks) as [`col_step`] makes it,
+    /// stored at `out` (six registers a step).
+    ///
+    /// # Safety
+    /// The features of [`super::available`]; `col` is a packed column of `nb` blocks and `out`
+    /// has room for [`super::expanded_col_bytes`]`(nb)` bytes.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni")]
+    pub(super) unsafe fn expand_col(col: &[u8], nb: usize, out: *mut u8) {
+        let (ix, c) = (Indices::new(), col_parts(col, nb));
+        for (i, b) in (0..nb).step_by(STEP).enumerate() {
+            // SAFETY: blocks b .. min(b + STEP, nb) of the column exist; step i's six
+            // registers lie inside `out` (the caller's contract).
+            unsafe {
+                let s = col_step(&ix, &c, b, (nb - b).min(STEP));
+                let at = out.add(i * super::EXPANDED_STEP_BYTES);
+                let regs = [
+                    s.q[0],
+                    s.q[1],
+                    s.q[2],
+                    s.q[3],
+                    s.corr,
+                    _mm512_castps_si512(s.dy),
+                ];
+                for (j, r) in regs.into_iter().enumerate() {
+                    _mm512_storeu_si512(at.add(64 * j).cast(), r);
+                }
+            }
+        }
+    }
+
+    /// [`super::dot_rows16`] and [`super::dot_rows16_expanded`].
     ///
     /// # Safety
     /// The CPU must have the features of [`super::available`]; row `r` must hold `nb` q4_0
-    /// blocks readable from `rows + r * stride`, and every column `nb` packed blocks.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    pub(super) unsafe fn dot_rows16<const NC: usize>(
+    /// blocks readable from `rows + r * stride`, and every column `nb` blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni")]
+    pub(super) unsafe fn dot_rows16<S: ColSource, const NC: usize>(
         rows: *const u8,
         stride: usize,
-        cols: [&[u8]; NC],
+        c: [S; NC],
         nb: usize,
         next: usize,
     ) -> [[f32; ROWS]; NC] {
         let ix = Indices::new();
-        let c = cols.map(|col| col_parts(col, nb));
         // Without `next`, each row's start is asked for here and then each row runs
         // `PREFETCH` bytes ahead of itself; with it, these rows were asked for by the call
         // before and this call asks for the next one's as it goes.
@@ -360,7 +539,7 @@ mod x86 {
                     // and one copy of the result per column and step.
                     let mut cs = [zero_step; NC];
                     for (s, c) in cs.iter_mut().zip(&c) {
-                        *s = col_step(&ix, c, b, v);
+                        *s = c.step(&ix, b, v);
                     }
                     prefetch_region(rows, next, ROWS, &mut next_at, (b + v) * Q4_0_BYTES);
                     while next == 0 && pf_at < (b + v) * Q4_0_BYTES + PREFETCH {
@@ -414,7 +593,7 @@ mod tests {
     #[test]
     fn sixteen_plain_rows_have_the_bits_of_the_eight_row_kernel() {
         if !available() {
-            // No AVX-512 VNNI and VBMI: the dispatch never calls this kernel.
+            // No AVX-512 VNNI and VBMI or no GFNI: the dispatch never calls this kernel.
             return;
         }
         for nb in [1, 2, 7, 33] {
@@ -444,6 +623,14 @@ mod tests {
                 let bits = |d: &[f32; ROWS]| d.map(f32::to_bits);
                 let [one] = dot_rows16(&v, stride, [col(2)], 0);
                 assert_eq!(bits(&one), bits(&want[2]), "nb {nb} gap {gap}, one column");
+                // The same column expanded: one call with the next rows' prefetch, one
+                // without (the executor's two cases).
+                let mut e = vec![0u8; expanded_col_bytes(nb)];
+                expand_col(col(2), &mut e);
+                for next in [0, 16 * stride] {
+                    let [d] = dot_rows16_expanded(&v, stride, [&e[..]], nb, next);
+                    assert_eq!(bits(&d), bits(&want[2]), "nb {nb} gap {gap}, expanded");
+                }
                 let four = dot_rows16(&v, stride, [col(0), col(1), col(2), col(3)], 16 * stride);
                 for (c, d) in four.iter().enumerate() {
                     assert_eq!(

@@ -332,8 +332,9 @@ pub(crate) fn dot_rows16(
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if kind == WeightKind::Q4_1 && isa == crate::quant::Isa::Avx512 && crate::qmv512::available() {
-        // SAFETY: the CPU has both kernels' features (checked above); every row holds `nb`
-        // q4_1 blocks and the column is a packed column of `nb` blocks (asserted above).
+        // SAFETY: the CPU has both kernels' features (checked above; the quads' GFNI by
+        // `prefers_quads`); every row holds `nb` q4_1 blocks and the column is a packed
+        // column of `nb` blocks (asserted above).
         unsafe {
             if crate::qmv512::prefers_quads()
                 && let Some(out) = crate::qmv512::q4_1_rows16_quads(rows, col, nb, prefetch)

@@ -128,12 +128,35 @@ impl Exec<'_> {
         } else {
             qdot::col_bytes(k)
         };
+        // One column a matrix against plain q4_0 rows that `q4tiles` reads: each column also
+        // expanded for it (`q4tiles::expand_col`), after the packed ones, from a 64-byte
+        // boundary.
+        let expand = q4
+            && n == 1
+            && q4tiles::available()
+            && items.iter().any(|w| !w.packed && w.a.rows_contiguous());
+        let expanded_bytes = if expand {
+            q4tiles::expanded_col_bytes(k / quant::QK)
+        } else {
+            0
+        };
+        let mut expanded_at = 0;
         if quantized {
             // Disjoint fields of the scratch: the column buffer and the packed columns (no
             // copy of the column buffer, so a decode step does not allocate).
             let scratch = &mut *self.scratch;
             let tmp = grow(&mut scratch.thread[0].get_mut().a, k);
-            let packed = grow(&mut scratch.shared_u8, ncols * col_bytes);
+            let all = ncols * col_bytes
+                + if expand {
+                    ncols * expanded_bytes + 64
+                } else {
+                    0
+                };
+            let packed = grow(&mut scratch.shared_u8, all);
+            let (packed, rest) = packed.split_at_mut(ncols * col_bytes);
+            let pad = rest.as_ptr().align_offset(64).min(rest.len());
+            expanded_at = ncols * col_bytes + pad;
+            let expanded = &mut rest[pad..];
             for c in 0..ncols {
                 let (j, i2, i3) = unravel(c, [k, n, ne2, ne3]);
                 b.load_f32(0, j, i2, i3, tmp);
@@ -142,6 +165,10 @@ impl Exec<'_> {
                     quant::quantize_q8_col(tmp, out);
                 } else {
                     qdot::quantize_col(tmp, out);
+                }
+                if expand {
+                    let e = &mut expanded[c * expanded_bytes..(c + 1) * expanded_bytes];
+                    q4tiles::expand_col(out, e);
                 }
             }
         } else {
@@ -155,6 +182,7 @@ impl Exec<'_> {
         }
         let packed_f32 = &self.scratch.shared_f32[..if quantized { 0 } else { ncols * k }];
         let packed_q = &self.scratch.shared_u8[..if quantized { ncols * col_bytes } else { 0 }];
+        let expanded = &self.scratch.shared_u8[expanded_at..expanded_at + ncols * expanded_bytes];
         let isa = quant::Isa::best();
         let products: Products<'_> = items
             .iter()
@@ -174,6 +202,8 @@ impl Exec<'_> {
                 let cols = PackedCols {
                     bytes: packed_q,
                     col_bytes,
+                    expanded,
+                    expanded_bytes,
                     n,
                     nn: bh * n,
                     bh,
@@ -586,6 +616,10 @@ impl RepackedOp<'_> {
 struct PackedCols<'a> {
     bytes: &'a [u8],
     col_bytes: usize,
+    /// The same columns expanded by `q4tiles::expand_col`, `expanded_bytes` each (empty
+    /// unless the weights are plain q4_0 and there is one column a matrix).
+    expanded: &'a [u8],
+    expanded_bytes: usize,
     n: usize,
     nn: usize,
     bh: usize,
@@ -597,6 +631,15 @@ impl<'a> PackedCols<'a> {
     fn col(&self, batch0: usize, j: usize) -> &'a [u8] {
         let c = batch0 * self.n + j;
         &self.bytes[c * self.col_bytes..(c + 1) * self.col_bytes]
+    }
+
+    /// Column `j` of the `bh` result matrices from `batch0` on as `q4tiles::expand_col`
+    /// wrote it, if the columns were expanded.
+    #[inline]
+    fn expanded(&self, batch0: usize, j: usize) -> Option<&'a [u8]> {
+        let c = batch0 * self.n + j;
+        let e = self.expanded_bytes;
+        self.expanded.get(c * e..(c + 1) * e).filter(|_| e > 0)
     }
 }
 
