@@ -45,9 +45,11 @@
 //! The four tiles advance side by side, step by step, with their accumulators in registers.
 //! Where the executor's rows follow each other, a call also asks for the next call's
 //! sixteen rows (one stream of addresses, in step with its own progress, as `qmv512` does),
-//! so that from DRAM the memory sees one sequential stream; otherwise, and on Intel cores
-//! for one column and long rows ([`one_column_next`]), each row is prefetched a fixed
-//! distance ahead of its own stream (`x86::PREFETCH`).
+//! so that from DRAM the memory sees one sequential stream; otherwise each row is
+//! prefetched a fixed distance ahead of its own stream (`x86::PREFETCH`). On Intel cores a
+//! call against one column whose rows are long ([`each_row_prefetch`]) does the latter
+//! even where rows follow each other, each row's stream running on into the same row of the
+//! next call.
 
 use crate::quant::{Q4_0_BYTES, QK};
 
@@ -96,7 +98,7 @@ pub(crate) fn dot_rows16<const NC: usize>(
         let cols = cols.map(|c| crate::repack::x86::col_parts(c, nb));
         // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
         // `r * stride` inside `rows` and every column `nb` packed blocks (asserted above).
-        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next) }
+        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next, next == 0) }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
@@ -105,35 +107,36 @@ pub(crate) fn dot_rows16<const NC: usize>(
     }
 }
 
-/// The largest call (sixteen rows of `row_bytes`) for which a call against one expanded
-/// column prefetches the next call's rows on Intel cores: a core's L1 data cache on the
-/// Sapphire Rapids host (see [`one_column_next`]).
+/// The largest call (sixteen rows) whose one-column calls prefetch the next call's rows as
+/// one stream on Intel cores: a core's L1 data cache on the Sapphire Rapids host (see
+/// [`each_row_prefetch`]).
 const NEXT_CALL_MAX_BYTES: usize = 48 << 10;
 
-/// The `next` a call against one expanded column passes, given the next call's offset and
-/// the rows' length: on Intel cores, when sixteen rows are more than
-/// [`NEXT_CALL_MAX_BYTES`], 0, so that each row is prefetched ahead of itself instead.
+/// Whether a call against one expanded column with rows of `nb` blocks prefetches each row
+/// ahead of itself, on into the same row of the next call, rather than the next call's rows
+/// as one stream: on Intel cores when sixteen rows are more than [`NEXT_CALL_MAX_BYTES`].
 ///
-/// Why: on the AMD host the kernels were tuned on, one stream of addresses for the next
-/// call's rows was the faster from DRAM. On a Sapphire Rapids host (48 KiB of L1 data a
-/// core), from memory on two threads (`benches/matvec.rs`, three alternated sets each), the
-/// fraction of the read's rate was:
+/// Why: on the AMD host the kernels were tuned on, one stream for the next call's rows was
+/// the faster from DRAM. On a Sapphire Rapids host (48 KiB of L1 data a core), from memory
+/// on two threads (`benches/matvec.rs`, three alternated sets each), the fraction of the
+/// read's rate was:
 ///
-/// | weights | a call's rows | next call's rows | each row ahead |
-/// |---|---|---|---|
-/// | 8192 × 16384 | 144 KiB | 0.79–0.85 | 0.86–0.88 |
-/// | 16384 × 8192 | 72 KiB | 0.78–0.80 | 0.87–0.89 |
-/// | 32768 × 4096 | 36 KiB | 0.83–0.86 | 0.78–0.79 |
+/// | weights | a call's rows | next call's rows | each row (stopping at its end) | each row, on into the next call's |
+/// |---|---|---|---|---|
+/// | 8192 × 16384 | 144 KiB | 0.79–0.85 | 0.83–0.88 | 0.90–0.91 |
+/// | 16384 × 8192 | 72 KiB | 0.78–0.80 | 0.83–0.89 | 0.90–0.91 |
+/// | 32768 × 4096 | 36 KiB | 0.80–0.86 | 0.78–0.79 | 0.79–0.80 |
 ///
-/// and 4096 × 4096 from L3 (`benches/kernels.rs`) took 176–182 µs with the next call's rows
-/// against 187–193. Lines asked for a whole call ahead stay in L1 only while a call fits.
-pub(crate) fn one_column_next(next: usize, row_bytes: usize) -> usize {
+/// and 4096 × 4096 from L3 (`benches/kernels.rs`) took 176–194 µs with the next call's
+/// rows against 187–193 each row (stopping) and 192–195 (on into the next call's). Lines
+/// asked for a whole call ahead stay in L1 only while a call fits.
+fn each_row_prefetch(nb: usize) -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if crate::qmv512::intel() && ROWS.saturating_mul(row_bytes) > NEXT_CALL_MAX_BYTES {
-        return 0;
+    if crate::qmv512::intel() {
+        return ROWS.saturating_mul(nb).saturating_mul(Q4_0_BYTES) > NEXT_CALL_MAX_BYTES;
     }
-    let _ = row_bytes;
-    next
+    let _ = nb;
+    false
 }
 
 /// Bytes of one step (four blocks) of a column expanded by [`expand_col`]: four registers
@@ -191,10 +194,11 @@ pub(crate) fn dot_rows16_expanded<const NC: usize>(
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let cols = cols.map(|c| x86::Expanded(c.as_ptr()));
+        let each_row = next == 0 || each_row_prefetch(nb);
         // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
         // `r * stride` inside `rows` and every column all steps of `nb` blocks (asserted
         // above).
-        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next) }
+        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next, each_row) }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
@@ -503,11 +507,14 @@ mod x86 {
         c: [S; NC],
         nb: usize,
         next: usize,
+        each_row: bool,
     ) -> [[f32; ROWS]; NC] {
         let ix = Indices::new();
+        let len = nb * Q4_0_BYTES;
         // Without `next`, each row's start is asked for here and then each row runs
         // `PREFETCH` bytes ahead of itself; with it, these rows were asked for by the call
-        // before and this call asks for the next one's as it goes.
+        // before: as one stream of the whole call's rows, or (`each_row`) as each row's
+        // stream running on into the same row of the next call.
         if next == 0 {
             for r in 0..ROWS {
                 for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
@@ -541,12 +548,18 @@ mod x86 {
                     for (s, c) in cs.iter_mut().zip(&c) {
                         *s = c.step(&ix, b, v);
                     }
-                    prefetch_region(rows, next, ROWS, &mut next_at, (b + v) * Q4_0_BYTES);
-                    while next == 0 && pf_at < (b + v) * Q4_0_BYTES + PREFETCH {
+                    if !each_row {
+                        prefetch_region(rows, next, ROWS, &mut next_at, (b + v) * Q4_0_BYTES);
+                    }
+                    while each_row && pf_at < (b + v) * Q4_0_BYTES + PREFETCH {
+                        // Past the rows' end, on into the next call's (where there are;
+                        // a prefetch never faults, wherever it points).
+                        let (first, at) = match pf_at.checked_sub(len) {
+                            Some(at) if next != 0 => (rows.wrapping_add(next), at),
+                            _ => (rows, pf_at),
+                        };
                         for r in 0..ROWS {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                rows.wrapping_add(r * stride + pf_at).cast(),
-                            );
+                            _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(r * stride + at).cast());
                         }
                         pf_at += 64;
                     }

@@ -436,7 +436,6 @@ impl<'a> DotOp<'a> {
                     let [d] = match self.operands.cols.expanded(u.batch0, j) {
                         Some(e) => {
                             let nb = self.operands.a.ne[0] / quant::QK;
-                            let next = q4tiles::one_column_next(next, self.row_len);
                             q4tiles::dot_rows16_expanded(rws, nb1, [e], nb, next)
                         }
                         None => q4tiles::dot_rows16(rws, nb1, [self.qcol(u, j)], next),
