@@ -18,7 +18,7 @@
 //! (72 MiB), and the last three again as `_repack` with the weights in the CPU's `CPU_REPACK`
 //! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into). Plain q4_0 also as
 //! `q4_0_16384x8192_x1` and `q4_0_32768x4096_x1` (72 MiB each): rows of a quarter and half
-//! the length, where the kernel's prefetch changes (`q4tiles::each_row_prefetch`).
+//! the length, where a call's rows take another share of the L1 cache (`q4tiles::interleaves`).
 //!
 //! And a decode step's products as the model runs them, one node each in one graph
 //! (`support::product::step`): `step_q4_1_repack_60_layers` (SmolLM2-135M's seven products

@@ -46,10 +46,10 @@
 //! Where the executor's rows follow each other, a call also asks for the next call's
 //! sixteen rows (one stream of addresses, in step with its own progress, as `qmv512` does),
 //! so that from DRAM the memory sees one sequential stream; otherwise each row is
-//! prefetched a fixed distance ahead of its own stream (`x86::PREFETCH`). On Intel cores a
-//! call against one column whose rows are long ([`each_row_prefetch`]) does the latter
-//! even where rows follow each other, each row's stream running on into the same row of the
-//! next call.
+//! prefetched a fixed distance ahead of its own stream (`x86::PREFETCH`). On Intel cores
+//! products against one column go as blocks of four interleaved calls instead
+//! ([`interleaves`]): each call's rows four apart, each row's stream running on into the
+//! next row, which the next call reads.
 
 use crate::quant::{Q4_0_BYTES, QK};
 
@@ -96,9 +96,10 @@ pub(crate) fn dot_rows16<const NC: usize>(
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let cols = cols.map(|c| crate::repack::x86::col_parts(c, nb));
+        let prefetch = Prefetch::next_call(next);
         // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
         // `r * stride` inside `rows` and every column `nb` packed blocks (asserted above).
-        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next, next == 0) }
+        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, prefetch) }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
@@ -107,37 +108,65 @@ pub(crate) fn dot_rows16<const NC: usize>(
     }
 }
 
-/// The largest call (sixteen rows) whose one-column calls prefetch the next call's rows as
-/// one stream on Intel cores: a core's L1 data cache on the Sapphire Rapids host (see
-/// [`each_row_prefetch`]).
-const NEXT_CALL_MAX_BYTES: usize = 48 << 10;
+/// How a call prefetches the rows it reads.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Prefetch {
+    /// The next call's sixteen rows, this many bytes on, as one stream of addresses in step
+    /// with the call's own progress.
+    NextCall(usize),
+    /// Each row `x86::PREFETCH` bytes ahead of itself, and past its end on into the row this
+    /// many bytes on (0: each row's start is asked for when the call begins, and nothing
+    /// past its end).
+    EachRow(usize),
+}
 
-/// Whether a call against one expanded column with rows of `nb` blocks prefetches each row
-/// ahead of itself, on into the same row of the next call, rather than the next call's rows
-/// as one stream: on Intel cores when sixteen rows are more than [`NEXT_CALL_MAX_BYTES`].
+impl Prefetch {
+    /// [`Prefetch::NextCall`] for the next call's rows `next` bytes on, or where there are
+    /// none (`next` = 0) [`Prefetch::EachRow`] with nothing past the rows' ends.
+    pub(crate) fn next_call(next: usize) -> Prefetch {
+        match next {
+            0 => Prefetch::EachRow(0),
+            n => Prefetch::NextCall(n),
+        }
+    }
+}
+
+/// Whether one-column products over plain rows that follow each other go as
+/// [`INTERLEAVED_ROWS`]-row blocks of four interleaved calls (call `t` takes rows `t, t +
+/// 4, .., t + 60`, each row prefetched on into the next row: [`Prefetch::EachRow`]), so that
+/// each of a call's sixteen streams runs on through four consecutive rows, rather than as
+/// calls of sixteen consecutive rows, each asking for the next call's rows
+/// ([`Prefetch::NextCall`]): on Intel cores.
 ///
 /// Why: on the AMD host the kernels were tuned on, one stream for the next call's rows was
-/// the faster from DRAM. On a Sapphire Rapids host (48 KiB of L1 data a core), from memory
-/// on two threads (`benches/matvec.rs`, three alternated sets each), the fraction of the
-/// read's rate was:
+/// the faster from DRAM (`exec/mul_mat/dot.rs`, `Q4_UNIT_ROWS`). On a Sapphire Rapids host
+/// (48 KiB of L1 data a core), from memory on two threads (`benches/matvec.rs`, three
+/// alternated sets), the fraction of the read's rate (fastest) was:
 ///
-/// | weights | a call's rows | next call's rows | each row (stopping at its end) | each row, on into the next call's |
-/// |---|---|---|---|---|
-/// | 8192 × 16384 | 144 KiB | 0.79–0.85 | 0.83–0.88 | 0.90–0.91 |
-/// | 16384 × 8192 | 72 KiB | 0.78–0.80 | 0.83–0.89 | 0.90–0.91 |
-/// | 32768 × 4096 | 36 KiB | 0.80–0.86 | 0.78–0.79 | 0.79–0.80 |
+/// | weights | next call's rows | each row, on into the next call's | interleaved |
+/// |---|---|---|---|
+/// | 8192 × 16384 | 0.76–0.81 | 0.90–0.91 | 0.90–0.93 |
+/// | 16384 × 8192 | 0.79–0.82 | 0.90–0.92 | 0.88–0.92 |
+/// | 32768 × 4096 | 0.79–0.81 | 0.77–0.82 | **0.91–0.94** |
 ///
-/// and 4096 × 4096 from L3 (`benches/kernels.rs`) took 176–194 µs with the next call's
-/// rows against 187–193 each row (stopping) and 192–195 (on into the next call's). Lines
-/// asked for a whole call ahead stay in L1 only while a call fits.
-fn each_row_prefetch(nb: usize) -> bool {
+/// (each row stopping at its end: 0.83–0.88, 0.83–0.89 and 0.78–0.79 in other sets); in a
+/// later set, on a faster phase of the host's memory, the code before (each row on into the
+/// next call's for the two longer rows, the next call's rows for the shortest) against
+/// interleaved: 0.92–0.95 against 0.97, 0.96–0.97 against 0.96–0.99, 0.79–0.86 against
+/// 0.93–0.98; and 4096 × 4096 from L3 (`benches/kernels.rs`) took 165–169 µs against
+/// 191–195. A call whose rows run a whole call ahead of it only keeps them in L1 while two
+/// calls fit; a stream that jumps every row to a row sixteen on restarts cold in memory.
+pub(crate) fn interleaves() -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if crate::qmv512::intel() {
-        return ROWS.saturating_mul(nb).saturating_mul(Q4_0_BYTES) > NEXT_CALL_MAX_BYTES;
+    {
+        crate::qmv512::intel()
     }
-    let _ = nb;
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     false
 }
+
+/// Rows of a block of four interleaved calls ([`interleaves`]).
+pub(crate) const INTERLEAVED_ROWS: usize = 4 * ROWS;
 
 /// Bytes of one step (four blocks) of a column expanded by [`expand_col`]: four registers
 /// of column quants, the corrections and the scales, 64 bytes each.
@@ -172,14 +201,14 @@ pub(crate) fn expand_col(col: &[u8], out: &mut [u8]) {
     }
 }
 
-/// [`dot_rows16`] against columns expanded by [`expand_col`] (of `nb` blocks): the same
-/// bits.
+/// [`dot_rows16`] against columns expanded by [`expand_col`] (of `nb` blocks), the rows
+/// prefetched as `prefetch` says: the same bits.
 pub(crate) fn dot_rows16_expanded<const NC: usize>(
     rows: &[u8],
     stride: usize,
     cols: [&[u8]; NC],
     nb: usize,
-    next: usize,
+    prefetch: Prefetch,
 ) -> [[f32; ROWS]; NC] {
     let end = (ROWS - 1)
         .checked_mul(stride)
@@ -194,15 +223,14 @@ pub(crate) fn dot_rows16_expanded<const NC: usize>(
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let cols = cols.map(|c| x86::Expanded(c.as_ptr()));
-        let each_row = next == 0 || each_row_prefetch(nb);
         // SAFETY: the CPU has the features (`available`); row `r` holds `nb` blocks from
         // `r * stride` inside `rows` and every column all steps of `nb` blocks (asserted
         // above).
-        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, next, each_row) }
+        unsafe { x86::dot_rows16(rows.as_ptr(), stride, cols, nb, prefetch) }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
-        let _ = next;
+        let _ = prefetch;
         unreachable!("`available` is false without x86-64")
     }
 }
@@ -506,16 +534,19 @@ mod x86 {
         stride: usize,
         c: [S; NC],
         nb: usize,
-        next: usize,
-        each_row: bool,
+        prefetch: super::Prefetch,
     ) -> [[f32; ROWS]; NC] {
         let ix = Indices::new();
         let len = nb * Q4_0_BYTES;
-        // Without `next`, each row's start is asked for here and then each row runs
-        // `PREFETCH` bytes ahead of itself; with it, these rows were asked for by the call
-        // before: as one stream of the whole call's rows, or (`each_row`) as each row's
-        // stream running on into the same row of the next call.
-        if next == 0 {
+        // `NextCall(next)`: the next call's rows as one stream; `EachRow(on)`: each row
+        // ahead of itself, past its end on into the row `on` bytes further (0: none).
+        let (next, each_row, on) = match prefetch {
+            super::Prefetch::NextCall(next) => (next, false, 0),
+            super::Prefetch::EachRow(on) => (0, true, on),
+        };
+        // Each row's start is asked for here unless the call before asked for it (as one
+        // stream of this call's rows, or running on from its own rows).
+        if each_row && on == 0 {
             for r in 0..ROWS {
                 for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(r * stride + line).cast());
@@ -555,7 +586,7 @@ mod x86 {
                         // Past the rows' end, on into the next call's (where there are;
                         // a prefetch never faults, wherever it points).
                         let (first, at) = match pf_at.checked_sub(len) {
-                            Some(at) if next != 0 => (rows.wrapping_add(next), at),
+                            Some(at) if on != 0 => (rows.wrapping_add(on), at),
                             _ => (rows, pf_at),
                         };
                         for r in 0..ROWS {
@@ -636,13 +667,17 @@ mod tests {
                 let bits = |d: &[f32; ROWS]| d.map(f32::to_bits);
                 let [one] = dot_rows16(&v, stride, [col(2)], 0);
                 assert_eq!(bits(&one), bits(&want[2]), "nb {nb} gap {gap}, one column");
-                // The same column expanded: one call with the next rows' prefetch, one
-                // without (the executor's two cases).
+                // The same column expanded, prefetched each way the executor asks for.
                 let mut e = vec![0u8; expanded_col_bytes(nb)];
                 expand_col(col(2), &mut e);
-                for next in [0, 16 * stride] {
-                    let [d] = dot_rows16_expanded(&v, stride, [&e[..]], nb, next);
-                    assert_eq!(bits(&d), bits(&want[2]), "nb {nb} gap {gap}, expanded");
+                let ways = [
+                    Prefetch::EachRow(0),
+                    Prefetch::EachRow(stride),
+                    Prefetch::NextCall(16 * stride),
+                ];
+                for prefetch in ways {
+                    let [d] = dot_rows16_expanded(&v, stride, [&e[..]], nb, prefetch);
+                    assert_eq!(bits(&d), bits(&want[2]), "nb {nb} gap {gap}, {prefetch:?}");
                 }
                 let four = dot_rows16(&v, stride, [col(0), col(1), col(2), col(3)], 16 * stride);
                 for (c, d) in four.iter().enumerate() {

@@ -47,8 +47,10 @@ fn q4_column_calls(nn: usize, n: usize, mut call: impl FnMut(usize, bool)) {
 /// (median 1.27) this way against 1.21–1.45 (median 1.37) with the earlier order: call `t`
 /// taking rows `t, t + 4, .., t + 60`, so that each of its sixteen streams ran on through
 /// four consecutive rows, each row prefetched ahead of itself. (That order had beaten
-/// sixteen consecutive rows prefetched row by row, 1.20–1.29 against 1.41–1.54.)
-const Q4_UNIT_ROWS: usize = 4 * q4tiles::ROWS;
+/// sixteen consecutive rows prefetched row by row, 1.20–1.29 against 1.41–1.54.) On Intel
+/// cores one-column products take that earlier order again, with each row prefetched on
+/// into the next (`q4tiles::interleaves`, measured on a Sapphire Rapids host).
+const Q4_UNIT_ROWS: usize = q4tiles::INTERLEAVED_ROWS;
 
 /// The kernel family that computes the units of one op on the dot path, chosen once per op
 /// ([`DotOp::new`]).
@@ -415,11 +417,18 @@ impl<'a> DotOp<'a> {
     }
 
     /// The unit's first `wide` plain q4_0 rows by `q4tiles`, each call prefetching the
-    /// next call's rows where rows follow each other (see [`Q4_UNIT_ROWS`]).
+    /// next call's rows where rows follow each other (see [`Q4_UNIT_ROWS`]), or for one
+    /// column on the CPUs where that is faster in interleaved blocks ([`Self::q4tiles_interleaved`]).
     fn q4tiles_rows(&self, u: &Unit<'_>, wide: usize, out: &mut [f32]) {
         let (nr, nb1) = (u.rows.len(), self.operands.a.nb[1]);
         let next = self.qdot_prefetch / ROWS * q4tiles::ROWS;
-        for r0 in (0..wide).step_by(q4tiles::ROWS) {
+        let interleaved = match self.operands.cols.expanded(u.batch0, 0) {
+            Some(col) if self.operands.cols.nn == 1 && next != 0 && q4tiles::interleaves() => {
+                self.q4tiles_interleaved(u, wide, col, out)
+            }
+            _ => 0,
+        };
+        for r0 in (interleaved..wide).step_by(q4tiles::ROWS) {
             let rws = &u.span[r0 * nb1..];
             q4_column_calls(self.operands.cols.nn, self.operands.cols.n, |j, four| {
                 let mut put = |c: usize, d: &[f32; q4tiles::ROWS]| {
@@ -436,7 +445,8 @@ impl<'a> DotOp<'a> {
                     let [d] = match self.operands.cols.expanded(u.batch0, j) {
                         Some(e) => {
                             let nb = self.operands.a.ne[0] / quant::QK;
-                            q4tiles::dot_rows16_expanded(rws, nb1, [e], nb, next)
+                            let prefetch = q4tiles::Prefetch::next_call(next);
+                            q4tiles::dot_rows16_expanded(rws, nb1, [e], nb, prefetch)
                         }
                         None => q4tiles::dot_rows16(rws, nb1, [self.qcol(u, j)], next),
                     };
@@ -444,6 +454,33 @@ impl<'a> DotOp<'a> {
                 }
             });
         }
+    }
+
+    /// The unit's whole blocks of [`q4tiles::INTERLEAVED_ROWS`] consecutive rows (of its
+    /// first `wide`) against its one expanded column `col`, four interleaved calls a block:
+    /// call `t` takes rows `t, t + 4, .., t + 60` of the block, and each of its rows is
+    /// prefetched on into the next row (call `t + 1`'s), the last call's into the next
+    /// block's first call's ([`q4tiles::interleaves`]). Returns the rows done.
+    fn q4tiles_interleaved(&self, u: &Unit<'_>, wide: usize, col: &[u8], out: &mut [f32]) -> usize {
+        const CALLS: usize = q4tiles::INTERLEAVED_ROWS / q4tiles::ROWS;
+        let (nb1, nb) = (self.operands.a.nb[1], self.operands.a.ne[0] / quant::QK);
+        let blocks = wide / q4tiles::INTERLEAVED_ROWS * q4tiles::INTERLEAVED_ROWS;
+        for b0 in (0..blocks).step_by(q4tiles::INTERLEAVED_ROWS) {
+            for t in 0..CALLS {
+                let on = if t + 1 < CALLS {
+                    1
+                } else {
+                    q4tiles::INTERLEAVED_ROWS - (CALLS - 1)
+                };
+                let prefetch = q4tiles::Prefetch::EachRow(on * nb1);
+                let rws = &u.span[(b0 + t) * nb1..];
+                let [d] = q4tiles::dot_rows16_expanded(rws, CALLS * nb1, [col], nb, prefetch);
+                for (i, v) in d.into_iter().enumerate() {
+                    out[b0 + t + CALLS * i] = v;
+                }
+            }
+        }
+        blocks
     }
 
     /// Eight plain q4_0 rows by `quant`'s kernel, four columns a call where they come in
