@@ -46,7 +46,7 @@
 //!   64-byte reads 8.5; row addresses from one pointer and odd multiples of the stride (the
 //!   compiler kept sixteen pointers on the stack anyway) 9.8.
 //! * q8_0, eight rows with the weights offset by 128 instead of the sign trick: 8.0–9.1
-//!   against 7.7–8.1.
+//!   against 7.7–8.1 (kept on Intel cores, where it is the faster: [`q8_0_rows8`]).
 //! * q4_1, four blocks a step transposed as 128-bit lanes first (one 64-byte and one
 //!   16-byte read per row and step, half the reads): 6.0–7.0 against 6.8–7.4 in L1/L2, but
 //!   no faster from L2 in `benches/thin_cpu.rs`, 135–158 µs against 130–134 for 4096 × 4096
@@ -276,6 +276,18 @@ pub(crate) unsafe fn q4_1_rows8(
 
 /// `q8_0` rows against one packed column: `[row · col; 8]`.
 ///
+/// Two ways to the same exact four-byte lane sums: ggml's sign trick (`|x|` as unsigned
+/// against `y` negated where `x < 0`), and on Intel cores offset weights (`x + 128` as
+/// unsigned, the accumulator starting from `−128 · Σ y` of each lane), which take two
+/// instructions a row pair where the sign trick takes four. They agree unless a column
+/// quant is −128, whose negation the sign trick wraps to −128 (the quantizer writes one only
+/// for a NaN); such a column takes the sign trick (one pass over the column's quants a call
+/// decides). On a Sapphire Rapids host the offset weights computed 32.4–33.1 GB/s of
+/// weights a core in L2 against 29.8–31.3, and 4096 × 4096 from L3 took 323–359 µs against
+/// 361–384 (three alternations each; from memory the host's swings, 0.72–0.94 of the read,
+/// hid any difference); on the AMD host the offset form was the slower (8.0–9.1 ns a block
+/// index of sixteen rows against 7.7–8.1, the module docs).
+///
 /// # Safety
 /// The CPU has the [`available`] features; every row holds `nb` `q8_0` blocks and `col` is a
 /// packed column of `nb` blocks.
@@ -286,10 +298,62 @@ pub(crate) unsafe fn q8_0_rows8(
     nb: usize,
     prefetch: usize,
 ) -> [f32; ROWS] {
+    let (qs, _, _) = column(col, nb);
+    // SAFETY: the caller's contract.
+    unsafe {
+        if intel() && !has_min_quant(qs, nb) {
+            q8_0_rows8_by::<true>(rows, col, nb, prefetch)
+        } else {
+            q8_0_rows8_by::<false>(rows, col, nb, prefetch)
+        }
+    }
+}
+
+/// Whether any of the `nb` blocks of column quants at `qs` holds −128.
+///
+/// # Safety
+/// The [`available`] features; `32 · nb` bytes readable at `qs`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn has_min_quant(qs: *const u8, nb: usize) -> bool {
+    let min = _mm512_set1_epi8(i8::MIN);
+    let mut found = 0u64;
+    for b in (0..nb).step_by(2) {
+        // SAFETY: blocks b and b + 1 (when it exists) lie inside the quants.
+        let v = unsafe {
+            if b + 1 < nb {
+                _mm512_loadu_si512(qs.add(QK * b).cast())
+            } else {
+                _mm512_castsi256_si512(_mm256_loadu_si256(qs.add(QK * b).cast()))
+            }
+        };
+        found |= _mm512_cmpeq_epi8_mask(v, min)
+            & if b + 1 < nb {
+                u64::MAX
+            } else {
+                u32::MAX as u64
+            };
+    }
+    found != 0
+}
+
+/// [`q8_0_rows8`] by offset weights (`OFFSET`) or by the sign trick.
+///
+/// # Safety
+/// As for [`q8_0_rows8`]; with `OFFSET`, no column quant is −128.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8_0_rows8_by<const OFFSET: bool>(
+    rows: [&[u8]; ROWS],
+    col: &[u8],
+    nb: usize,
+    prefetch: usize,
+) -> [f32; ROWS] {
     let rp = rows.map(<[u8]>::as_ptr);
     let (qs, ds, _) = column(col, nb);
     let zero = _mm512_setzero_si512();
     let idx: [__m512i; 4] = std::array::from_fn(|p| pair_index(p as i32, 1));
+    let min = _mm512_set1_epi8(i8::MIN);
     let mut acc = [_mm512_setzero_ps(); ROWS / 2];
     let mut pf_at = 0usize;
     for b in 0..nb {
@@ -316,13 +380,24 @@ pub(crate) unsafe fn q8_0_rows8(
                 _mm256_set1_ps(ds.add(b).read_unaligned()),
             ));
             let qy = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(QK * b).cast()));
+            // −128 times each lane's column sum: the offset weights' correction.
+            let corr = if OFFSET {
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, min, qy))
+            } else {
+                zero
+            };
             for (p, a) in acc.iter_mut().enumerate() {
                 let x = two_rows_32(rp[2 * p], rp[2 * p + 1], off + 2);
-                // `sign` trick: |x| as unsigned, y negated where x < 0 (where x = 0 the
-                // product is 0 either way).
-                let ax = _mm512_abs_epi8(x);
-                let sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(x), zero, qy);
-                let lanes = _mm512_dpbusd_epi32(zero, ax, sy);
+                let lanes = if OFFSET {
+                    // x + 128 as unsigned: Σ (x + 128) · y − 128 · Σ y = Σ x · y.
+                    _mm512_dpbusd_epi32(corr, _mm512_xor_si512(x, min), qy)
+                } else {
+                    // `sign` trick: |x| as unsigned, y negated where x < 0 (where x = 0
+                    // the product is 0 either way).
+                    let ax = _mm512_abs_epi8(x);
+                    let sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(x), zero, qy);
+                    _mm512_dpbusd_epi32(zero, ax, sy)
+                };
                 let d = _mm512_permutexvar_ps(idx[p], dd);
                 *a = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), *a);
             }
@@ -662,22 +737,29 @@ mod tests {
                         v
                     })
                     .collect();
-                let mut col = vec![0u8; col_bytes(k)];
-                quantize_col(&values(99, k), &mut col);
-                for b in 0..nb {
-                    col[b * 32 + b % 32] = 0x80;
-                    col[b * 32 + (b + 9) % 32] = 0x7f;
-                }
-                let rr: [&[u8]; 8] = std::array::from_fn(|j| &rows[j][..]);
-                let base = dot_rows(Isa::Scalar, kind, rr, [&col[..]], 0);
-                for isa in [Isa::Avx2, Isa::Avx512] {
-                    for prefetch in [0, 8 * bb * nb] {
-                        let got = dot_rows(isa, kind, rr, [&col[..]], prefetch);
-                        assert_eq!(
-                            got[0].map(f32::to_bits),
-                            base[0].map(f32::to_bits),
-                            "{isa:?} {kind:?} nb={nb}"
-                        );
+                // Column quants of -128 (which the quantizer writes only for a NaN, and
+                // whose negation the sign trick wraps) in every block, in every other block
+                // (the q8_0 kernel's offset weights run in the others), or in none.
+                for every in [1, 2, usize::MAX] {
+                    let mut col = vec![0u8; col_bytes(k)];
+                    quantize_col(&values(99, k), &mut col);
+                    for b in 0..nb {
+                        if b % every == 0 {
+                            col[b * 32 + b % 32] = 0x80;
+                        }
+                        col[b * 32 + (b + 9) % 32] = 0x7f;
+                    }
+                    let rr: [&[u8]; 8] = std::array::from_fn(|j| &rows[j][..]);
+                    let base = dot_rows(Isa::Scalar, kind, rr, [&col[..]], 0);
+                    for isa in [Isa::Avx2, Isa::Avx512] {
+                        for prefetch in [0, 8 * bb * nb] {
+                            let got = dot_rows(isa, kind, rr, [&col[..]], prefetch);
+                            assert_eq!(
+                                got[0].map(f32::to_bits),
+                                base[0].map(f32::to_bits),
+                                "{isa:?} {kind:?} nb={nb}, -128 every {every} blocks"
+                            );
+                        }
                     }
                 }
             }
