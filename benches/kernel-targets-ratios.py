@@ -49,7 +49,7 @@ def parse(path):
             f = line.split()
             if f and f[0] == "fma_peak":
                 gemm.append({"nominal": float(f[3]), "fma": float(f[4]), "cases": {}})
-            elif f and (f[0].startswith("minilm") or f[0].startswith("f32_")) and len(f) > 3 and f[2] != "of" and gemm:
+            elif f and (f[0].startswith("minilm") or f[0].startswith("f32_")) and len(f) > 3 and f[1].isdigit() and f[2] != "of" and gemm:
                 gemm[-1]["cases"][f[0]] = (float(f[2]), float(f[3]))
             elif f and f[0] == "mkl" and gemm:
                 gemm[-1].setdefault("mkl", {})[f[1]] = float(f[3])
