@@ -227,8 +227,8 @@ fn products_over_repacked_weights_equal_the_plain_ones_bit_for_bit() {
             (576, 1536, 1, 1),
             (576, 1536, 2, 1),
             // One column a matrix: plain q4_0 reads it expanded (`q4tiles::expand_col`),
-            // several of them (three matrices), and rows long enough that on Intel cores
-            // each row is prefetched ahead of itself.
+            // several of them (three matrices), and long rows (a call's sixteen rows more
+            // than an L1 cache).
             (256, 48, 1, 3),
             (8192, 32, 1, 1),
         ]

@@ -17,7 +17,7 @@
 //! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
 //! (72 MiB), and the last three again as `_repack` with the weights in the CPU's `CPU_REPACK`
 //! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into). Plain q4_0 also as
-//! `q4_0_16384x8192_x1` and `q4_0_32768x4096_x1` (72 MiB each): rows of a quarter and half
+//! `q4_0_16384x8192_x1` and `q4_0_32768x4096_x1` (72 MiB each): rows of half and a quarter
 //! the length, where a call's rows take another share of the L1 cache (`q4tiles::interleaves`).
 //!
 //! And a decode step's products as the model runs them, one node each in one graph

@@ -56,6 +56,9 @@ use crate::quant::{Q4_0_BYTES, QK};
 /// Rows of a call.
 pub(crate) const ROWS: usize = 16;
 
+/// Blocks of a row per step of a call.
+const STEP: usize = 4;
+
 /// Whether [`dot_rows16`] can run here: AVX-512 with VNNI and VBMI, and GFNI (asked once).
 pub(crate) fn available() -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -168,13 +171,13 @@ pub(crate) fn interleaves() -> bool {
 /// Rows of a block of four interleaved calls ([`interleaves`]).
 pub(crate) const INTERLEAVED_ROWS: usize = 4 * ROWS;
 
-/// Bytes of one step (four blocks) of a column expanded by [`expand_col`]: four registers
+/// Bytes of one step ([`STEP`] blocks) of a column expanded by [`expand_col`]: four registers
 /// of column quants, the corrections and the scales, 64 bytes each.
 const EXPANDED_STEP_BYTES: usize = 6 * 64;
 
 /// Bytes of a column of `nb` blocks expanded by [`expand_col`].
 pub(crate) fn expanded_col_bytes(nb: usize) -> usize {
-    nb.div_ceil(4) * EXPANDED_STEP_BYTES
+    nb.div_ceil(STEP) * EXPANDED_STEP_BYTES
 }
 
 /// Writes the column `col` (packed by `quant::quantize_q8_col`, `nb` blocks) as
@@ -239,15 +242,13 @@ pub(crate) fn dot_rows16_expanded<const NC: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{QK, ROWS};
+    use super::{QK, ROWS, STEP};
     use crate::qmv512::{high_nibbles, prefetch_region};
     use crate::quant::Q4_0_BYTES;
     use crate::repack::x86::{Col, col_parts};
 
     /// Rows of a tile (see the module docs).
     const TILE: usize = 4;
-    /// Blocks of a row per step.
-    const STEP: usize = 4;
 
     /// Where a call has no `next` rows: how far ahead of the step being computed each row is
     /// prefetched, in bytes (and how much of each row is prefetched before the loop). Measured from DRAM, 8192 × 16384
@@ -548,7 +549,7 @@ mod x86 {
         // stream of this call's rows, or running on from its own rows).
         if each_row && on == 0 {
             for r in 0..ROWS {
-                for line in (0..PREFETCH.min(nb * Q4_0_BYTES)).step_by(64) {
+                for line in (0..PREFETCH.min(len)).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(r * stride + line).cast());
                 }
             }

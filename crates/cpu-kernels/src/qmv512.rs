@@ -316,23 +316,18 @@ pub(crate) unsafe fn q8_0_rows8(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn has_min_quant(qs: *const u8, nb: usize) -> bool {
-    let min = _mm512_set1_epi8(i8::MIN);
+    let (min, bytes) = (_mm512_set1_epi8(i8::MIN), QK * nb);
+    let whole = bytes / 64 * 64;
     let mut found = 0u64;
-    for b in (0..nb).step_by(2) {
-        // SAFETY: blocks b and b + 1 (when it exists) lie inside the quants.
-        let v = unsafe {
-            if b + 1 < nb {
-                _mm512_loadu_si512(qs.add(QK * b).cast())
-            } else {
-                _mm512_castsi256_si512(_mm256_loadu_si256(qs.add(QK * b).cast()))
-            }
-        };
-        found |= _mm512_cmpeq_epi8_mask(v, min)
-            & if b + 1 < nb {
-                u64::MAX
-            } else {
-                u32::MAX as u64
-            };
+    for at in (0..whole).step_by(64) {
+        // SAFETY: the 64 bytes at `at < whole` lie inside the quants.
+        found |= _mm512_cmpeq_epi8_mask(unsafe { _mm512_loadu_si512(qs.add(at).cast()) }, min);
+    }
+    if whole < bytes {
+        let live = u64::MAX >> (64 - (bytes - whole));
+        // SAFETY: the load is masked to the last `bytes - whole` bytes of the quants.
+        let v = unsafe { _mm512_maskz_loadu_epi8(live, qs.add(whole).cast()) };
+        found |= _mm512_mask_cmpeq_epi8_mask(live, v, min);
     }
     found != 0
 }
