@@ -130,7 +130,9 @@ impl Exec<'_> {
         };
         // One column a matrix against plain q4_0 rows that `q4tiles` reads: each column also
         // expanded for it (`q4tiles::expand_col`), after the packed ones, from a 64-byte
-        // boundary.
+        // boundary. Sizes: a packed column is 1.25 bytes and an expanded one 3 bytes per
+        // element of `b`, whose 4-byte elements the graph's byte size checked, so the sums
+        // below fit `usize`.
         let expand = q4
             && n == 1
             && q4tiles::available()
