@@ -55,6 +55,31 @@
 //! * Prefetch hints for [`prefetch_region`]: T1 was slower from DRAM, T2 and NTA no
 //!   different from T0 in a second alternated set; one more prefetch per row 256–1024 bytes
 //!   ahead: no faster.
+//!
+//! Tried for [`q4_1_rows16_quads`] on a Sapphire Rapids host and not kept (one thread in L2,
+//! `THIN_N=1 THIN_CASES=q4_1_x1_plain cargo bench -p cpu-kernels --bench thin_cpu`, GB/s of
+//! weights, three alternations against the kept kernel's 24.8–26.2 in the same sets):
+//! * the headers four blocks at a time from each row's first 64 bytes of the step (two dword
+//!   permutes and a blend a quad, a 128-bit transpose of the four quads) instead of one
+//!   gather a block: 22.3–23.0, and 23.7–23.9 with the four blocks unrolled;
+//! * the gather, or the whole header path with its four picks, one block ahead of the
+//!   products: no faster (24.2–26.2), and 23.4–23.9;
+//! * the quants of four blocks from two 64-byte reads a row (bytes `0..64` and `16..80`
+//!   hold blocks 0–2 and 1–3 whole, on dword boundaries), a dword permute a row pair and
+//!   four lane shuffles: 21.9–22.9;
+//! * the quads' rows merged by masked 128-bit broadcast loads or by plain broadcasts and
+//!   three blends (written in `asm!`, since LLVM turns both into the 128-bit inserts it
+//!   emits for the kept code): 24.2–25.5 and 22.1–23.0;
+//! * two rows a register, each row's low and high nibbles made by one GFNI transform with a
+//!   matrix per 64-bit lane and the scales applied by two masked FMAs from a stack copy:
+//!   18.4–19.0 (the same bits; 14.9–15.5 in intrinsics, where LLVM turned the stack reads
+//!   into shuffles).
+//!
+//! What the quads spend, from probes that give wrong sums (same sets): without the gather
+//! (one broadcast header) 27.9–29.2, without the gather and the row merges 36.1–36.2,
+//! without the four scale picks 27.3–27.5; the 256-bit insert of each merge costs nothing
+//! measurable. Every replacement above costs more than what it removes: these two cores'
+//! plain q4_1 rate stays at the quads'.
 
 use std::arch::x86_64::*;
 
@@ -286,7 +311,10 @@ pub(crate) unsafe fn q4_1_rows8(
 /// weights a core in L2 against 29.8–31.3, and 4096 × 4096 from L3 took 323–359 µs against
 /// 361–384 (three alternations each; from memory the host's swings, 0.72–0.94 of the read,
 /// hid any difference); on the AMD host the offset form was the slower (8.0–9.1 ns a block
-/// index of sixteen rows against 7.7–8.1, the module docs).
+/// index of sixteen rows against 7.7–8.1, the module docs). The pass over the column costs
+/// nothing measurable: without it (a probe that skips the check) one thread in L2 computed
+/// 36.2–36.9 GB/s against 36.3–36.6 (`THIN_CASES=q8_0_x1_plain`, three alternations), so the
+/// flag is not kept per product.
 ///
 /// # Safety
 /// The CPU has the [`available`] features; every row holds `nb` `q8_0` blocks and `col` is a
