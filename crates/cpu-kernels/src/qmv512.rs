@@ -73,7 +73,14 @@
 //! * two rows a register, each row's low and high nibbles made by one GFNI transform with a
 //!   matrix per 64-bit lane and the scales applied by two masked FMAs from a stack copy:
 //!   18.4–19.0 (the same bits; 14.9–15.5 in intrinsics, where LLVM turned the stack reads
-//!   into shuffles).
+//!   into shuffles);
+//! * the next call's rows asked for as five straight prefetches a block (sixteen rows of 20
+//!   bytes are five lines) in a kernel built twice, with and without them, in place of
+//!   [`prefetch_region`]'s loop: LLVM then also stops copying eight accumulators at every
+//!   block, and one thread in L2 ran 30.8–31.5 against 30.0–30.8 (four alternations, a
+//!   faster phase of the host), but 4096 × 4096 from L3 (`benches/kernels.rs`) took
+//!   183–192 µs against 185–188 and from memory (`benches/matvec.rs`, six alternations)
+//!   0.80–0.90 of the read against 0.78–0.90: no gain where decode steps run.
 //!
 //! What the quads spend, from probes that give wrong sums (same sets): without the gather
 //! (one broadcast header) 27.9–29.2, without the gather and the row merges 36.1–36.2,
