@@ -80,7 +80,10 @@
 //!   block, and one thread in L2 ran 30.8–31.5 against 30.0–30.8 (four alternations, a
 //!   faster phase of the host), but 4096 × 4096 from L3 (`benches/kernels.rs`) took
 //!   183–192 µs against 185–188 and from memory (`benches/matvec.rs`, six alternations)
-//!   0.80–0.90 of the read against 0.78–0.90: no gain where decode steps run.
+//!   0.80–0.90 of the read against 0.78–0.90: no gain where decode steps run;
+//! * the headers converted as gathered (`d` and `m` of eight rows interleaved in each of two
+//!   registers, each pick taking even lanes) instead of split by a word permute first: one
+//!   shuffle fewer, a multiply and an FMA more; 30.0–30.5 against 30.0–30.8.
 //!
 //! What the quads spend, from probes that give wrong sums (same sets): without the gather
 //! (one broadcast header) 27.9–29.2, without the gather and the row merges 36.1–36.2,
