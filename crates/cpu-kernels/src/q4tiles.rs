@@ -87,13 +87,8 @@ pub(crate) fn dot_rows16<const NC: usize>(
     next: usize,
 ) -> [[f32; ROWS]; NC] {
     let nb = cols.first().map_or(0, |c| c.len() / (QK + 8));
-    let end = (ROWS - 1)
-        .checked_mul(stride)
-        .and_then(|o| o.checked_add(nb * Q4_0_BYTES));
     assert!(
-        available()
-            && cols.iter().all(|c| c.len() == nb * (QK + 8))
-            && end.is_some_and(|end| end <= rows.len()),
+        available() && cols.iter().all(|c| c.len() == nb * (QK + 8)) && rows_fit(rows, stride, nb),
         "q4tiles::dot_rows16: short rows or column, or no AVX-512 VBMI or GFNI (a kernel bug)"
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -109,6 +104,14 @@ pub(crate) fn dot_rows16<const NC: usize>(
         let _ = next;
         unreachable!("`available` is false without x86-64")
     }
+}
+
+/// Whether a call's sixteen rows of `nb` blocks, `stride` bytes apart, lie inside `rows`.
+fn rows_fit(rows: &[u8], stride: usize, nb: usize) -> bool {
+    (ROWS - 1)
+        .checked_mul(stride)
+        .and_then(|o| o.checked_add(nb.checked_mul(Q4_0_BYTES)?))
+        .is_some_and(|end| end <= rows.len())
 }
 
 /// How a call prefetches the rows it reads.
@@ -213,13 +216,10 @@ pub(crate) fn dot_rows16_expanded<const NC: usize>(
     nb: usize,
     prefetch: Prefetch,
 ) -> [[f32; ROWS]; NC] {
-    let end = (ROWS - 1)
-        .checked_mul(stride)
-        .and_then(|o| o.checked_add(nb * Q4_0_BYTES));
     assert!(
         available()
             && cols.iter().all(|c| c.len() == expanded_col_bytes(nb))
-            && end.is_some_and(|end| end <= rows.len()),
+            && rows_fit(rows, stride, nb),
         "q4tiles::dot_rows16_expanded: short rows or column, or no AVX-512 VBMI or GFNI (a \
          kernel bug)"
     );
