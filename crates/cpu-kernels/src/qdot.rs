@@ -248,9 +248,10 @@ fn dot_q8_0_scalar(row: &[u8], col: &[u8], nb: usize) -> f32 {
 /// other in memory, `R` row lengths ahead is the next call's block: the rows of a thin
 /// product are short (576 elements: 10 cache lines), too short for the hardware prefetcher
 /// to follow eight of them side by side.
-/// The AVX-512 decode kernels (`qmv512`) ask for that next call's rows as one stream of
-/// lines instead, which is what callers give them: `prefetch` is then `R` (for
-/// [`dot_rows16`], sixteen) row lengths.
+/// The AVX-512 decode kernels (`qmv512`) take `prefetch` as where the next call's rows lie,
+/// which is what callers give them: `R` (for [`dot_rows16`], sixteen) row lengths. They ask
+/// for those rows as one stream of lines, or (on Intel cores) let each row's own stream run
+/// on into the next call's same row (`qmv512::prefetch_rows_on`).
 pub(crate) fn dot_rows<const R: usize, const NC: usize>(
     isa: crate::quant::Isa,
     kind: WeightKind,

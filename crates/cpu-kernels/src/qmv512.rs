@@ -19,6 +19,21 @@
 //! `qdot::dot_rows` sends eight-row, one-column calls here when the CPU has the features;
 //! its tests compare every level against the portable kernels.
 //!
+//! On Intel cores the plain `q4_1` quads and the `q8_0` rows prefetch each row
+//! [`ROW_AHEAD`] bytes ahead of itself and, past its end, on into the next call's same row
+//! ([`prefetch_rows_on`]), where the other kernels ask for the next call's rows as one
+//! stream ([`prefetch_region`]). With weights larger than L3 a call's rows (sixteen
+//! `q4_1` rows of 8192 elements: 80 KiB) outgrow L1, so the one stream's early lines were
+//! evicted again before their call came, and each row restarted cold. On a Sapphire Rapids
+//! host, from memory (`benches/matvec.rs`, alternated): `q4_1` 8192 × 16384 0.82–0.87 of the
+//! read against 0.73–0.79 in a slow hour and 0.87–1.00 against 0.74–0.94 in faster ones on
+//! two threads, 0.90–0.97 against 0.48–0.72 on one; `q8_0` 8192 × 8192 0.94–0.95 against
+//! 0.90–0.91 on two threads, 1.02–1.03 against 0.86–0.89 on one. With the weights in L3 (4096 × 4096)
+//! `q4_1` is unchanged (186–190 µs) and `q8_0` faster (292–297 µs against 314–321); with
+//! them in L2 the loop costs the `q4_1` quads 4–8 % (`benches/thin_cpu.rs`). Prefetching into
+//! L2 only (`T1`) read at 0.86 against 1.00; bursts of five lines a row every sixteen blocks
+//! at 0.73–0.75 against 0.92–0.96.
+//!
 //! On Intel cores decode steps of `q4_1` go sixteen rows at a time to
 //! [`q4_1_rows16_quads`] (four rows to a register, no transposes; see
 //! [`prefers_quads`]). Elsewhere they go sixteen rows at a time to [`q4_1_rows16`] instead
@@ -145,6 +160,51 @@ pub(crate) fn prefetch_region(
         // lie past the rows).
         unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(*pf_at).cast()) };
         *pf_at += 64;
+    }
+}
+
+/// How far ahead of the block being read [`prefetch_rows_on`] asks for each row's lines.
+/// From memory (8192 × 16384 `q4_1`, `benches/matvec.rs`, two threads, alternated) 768
+/// bytes read at 0.87–0.95 of the read's rate where 384 read at 0.91–0.93, 256 at 0.90–0.92
+/// and 1024 at 0.88–0.92 (`docs/benchmarks.md`).
+pub(crate) const ROW_AHEAD: usize = 768;
+
+/// Prefetches each of `rows` (all `len` bytes long) [`ROW_AHEAD`] bytes ahead of `end`, the
+/// end of the block just reached, one line of every row at a time, each line once
+/// (`*pf_at`: the next offset to ask for). Past a row's end the stream runs on into the row
+/// `next` bytes further (the next call's same row, where rows follow each other), so the
+/// next call starts with its rows' first lines in cache; with `next == 0` it stops at the
+/// rows' ends and [`prefetch_row_starts`] asks for their first lines instead.
+///
+/// Why (plain `q4_1` decode rows on a Sapphire Rapids host): sixteen rows that each run
+/// ahead of themselves keep more lines in flight than the next call's rows asked for as
+/// one stream ([`prefetch_region`]), whose early lines a call larger than L1 evicts again
+/// before it uses them.
+#[inline(always)]
+fn prefetch_rows_on(rows: &[*const u8], len: usize, next: usize, pf_at: &mut usize, end: usize) {
+    while *pf_at < end + ROW_AHEAD && (next != 0 || *pf_at < len) {
+        let at = match pf_at.checked_sub(len) {
+            Some(past) => next + past,
+            None => *pf_at,
+        };
+        for p in rows {
+            // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults (the address
+            // may lie past the rows).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at).cast()) };
+        }
+        *pf_at += 64;
+    }
+}
+
+/// Asks for the first [`ROW_AHEAD`] bytes of each of `rows` (at most `len`), for a call whose
+/// rows no earlier call ran on into ([`prefetch_rows_on`] with `next == 0`).
+#[inline(always)]
+fn prefetch_row_starts(rows: &[*const u8], len: usize) {
+    for line in (0..ROW_AHEAD.min(len)).step_by(64) {
+        for p in rows {
+            // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+        }
     }
 }
 
@@ -339,10 +399,12 @@ pub(crate) unsafe fn q8_0_rows8(
     let (qs, _, _) = column(col, nb);
     // SAFETY: the caller's contract.
     unsafe {
-        if intel() && !has_min_quant(qs, nb) {
-            q8_0_rows8_by::<true>(rows, col, nb, prefetch)
+        if !intel() {
+            q8_0_rows8_by::<false, false>(rows, col, nb, prefetch)
+        } else if has_min_quant(qs, nb) {
+            q8_0_rows8_by::<false, true>(rows, col, nb, prefetch)
         } else {
-            q8_0_rows8_by::<false>(rows, col, nb, prefetch)
+            q8_0_rows8_by::<true, true>(rows, col, nb, prefetch)
         }
     }
 }
@@ -370,13 +432,15 @@ unsafe fn has_min_quant(qs: *const u8, nb: usize) -> bool {
     found != 0
 }
 
-/// [`q8_0_rows8`] by offset weights (`OFFSET`) or by the sign trick.
+/// [`q8_0_rows8`] by offset weights (`OFFSET`) or by the sign trick, each row prefetched
+/// ahead of itself and on into the next call's ([`prefetch_rows_on`], `ROWS_ON`: on Intel
+/// cores) or the next call's rows as one stream ([`prefetch_region`]: the AMD host's choice).
 ///
 /// # Safety
 /// As for [`q8_0_rows8`]; with `OFFSET`, no column quant is −128.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q8_0_rows8_by<const OFFSET: bool>(
+unsafe fn q8_0_rows8_by<const OFFSET: bool, const ROWS_ON: bool>(
     rows: [&[u8]; ROWS],
     col: &[u8],
     nb: usize,
@@ -388,11 +452,21 @@ unsafe fn q8_0_rows8_by<const OFFSET: bool>(
     let idx: [__m512i; 4] = std::array::from_fn(|p| pair_index(p as i32, 1));
     let min = _mm512_set1_epi8(i8::MIN);
     let mut acc = [_mm512_setzero_ps(); ROWS / 2];
-    let mut pf_at = 0usize;
+    let len = nb * Q8_0_BYTES;
+    if ROWS_ON && prefetch == 0 {
+        prefetch_row_starts(&rp, len);
+    }
+    // With `ROWS_ON`, the first `ROW_AHEAD` bytes of each row came with the call before (or
+    // just above).
+    let mut pf_at = if ROWS_ON { ROW_AHEAD } else { 0 };
     for b in 0..nb {
         let off = b * Q8_0_BYTES;
-        // The next call's eight rows, `prefetch` bytes on (they follow each other).
-        prefetch_region(rp[0], prefetch, ROWS, &mut pf_at, off + Q8_0_BYTES);
+        // The next call's eight rows are `prefetch` bytes on (they follow each other).
+        if ROWS_ON {
+            prefetch_rows_on(&rp, len, prefetch, &mut pf_at, off + Q8_0_BYTES);
+        } else {
+            prefetch_region(rp[0], prefetch, ROWS, &mut pf_at, off + Q8_0_BYTES);
+        }
         // SAFETY: block b of every row (34 bytes at `off`) and of the column is inside them
         // (caller's contract).
         unsafe {
@@ -604,7 +678,8 @@ pub(crate) fn intel() -> bool {
 
 /// `q4_1` rows against one packed column, sixteen rows at a time as four quads: `[row ·
 /// col; 16]`, the bits of [`q4_1_rows16`], or `None` when the rows lie too far apart for
-/// 32-bit offsets from the first.
+/// 32-bit offsets from the first. `prefetch`: how far on the next call's rows lie (0: none),
+/// for [`prefetch_rows_on`].
 ///
 /// A quad's register holds one row's sixteen quant bytes of a block in each 128-bit lane
 /// (one load and three merging broadcasts, no shuffles); its low nibbles against the
@@ -644,11 +719,16 @@ pub(crate) unsafe fn q4_1_rows16_quads(
     let mut lo_acc = [_mm512_setzero_ps(); 4];
     let mut hi_acc = [_mm512_setzero_ps(); 4];
     let mut summs = _mm512_setzero_ps();
-    let mut pf_at = 0usize;
+    let len = nb * Q4_1_BYTES;
+    if prefetch == 0 {
+        prefetch_row_starts(&rp, len);
+    }
+    // The first `ROW_AHEAD` bytes of each row came with the call before (or just above).
+    let mut pf_at = ROW_AHEAD;
     for b in 0..nb {
         let off = b * Q4_1_BYTES;
-        // The next call's sixteen rows, `prefetch` bytes on (they follow each other).
-        prefetch_region(rp[0], prefetch, ROWS16, &mut pf_at, off + Q4_1_BYTES);
+        // Each row ahead of itself, on into the next call's (`prefetch` bytes on).
+        prefetch_rows_on(&rp, len, prefetch, &mut pf_at, off + Q4_1_BYTES);
         // SAFETY: block b of every row (20 bytes at `off`: the 4-byte header the gather
         // reads at `rp[0] + off + offsets[r]` = `rp[r] + off`, and the 16 quant bytes at
         // `off + 4`) and of the column (32 quants, one scale, one sum) is inside them
