@@ -17,8 +17,13 @@
 //! `q8_0_8192x8192_x1` (68 MiB), `q4_1_8192x16384_x1` (80 MiB), `q4_0_8192x16384_x1`
 //! (72 MiB), and the last three again as `_repack` with the weights in the CPU's `CPU_REPACK`
 //! buffer type (the layout a model's q4_0/q4_1/q8_0 weights load into). Plain q4_0 also as
-//! `q4_0_16384x8192_x1` and `q4_0_32768x4096_x1` (72 MiB each): rows of half and a quarter
-//! the length, where a call's rows take another share of the L1 cache (`q4tiles::interleaves`).
+//! `q4_0_16384x8192_x1`, `q4_0_4096x32768_x1` and `q4_0_2048x65536_x1` (72 MiB each), and
+//! plain q4_1 as `q4_1_4096x32768_x1` (80 MiB): rows of twice, half and a quarter the
+//! length, where a call's rows take another share of the L1 cache and its sets
+//! (`q4tiles::interleaves`, `q4tiles::interleaved_rows_spread`). Names are elements per row
+//! × rows, as ggml writes `ne0 × ne1`. (Until 2026-12-03 two rows were mislabeled:
+//! `q4_0_16384x8192_x1` computed the 8192 × 16384 weights again, and `q4_0_32768x4096_x1`
+//! was today's `q4_0_4096x32768_x1`.)
 //!
 //! And a decode step's products as the model runs them, one node each in one graph
 //! (`support::product::step`): `step_q4_1_repack_60_layers` (SmolLM2-135M's seven products
@@ -155,6 +160,13 @@ fn main() {
             Weights::Cpu,
         ),
         (
+            "q4_1_4096x32768_x1",
+            ElementType::Q4_1,
+            4096,
+            32768,
+            Weights::Cpu,
+        ),
+        (
             "q4_1_8192x16384_x1_repack",
             ElementType::Q4_1,
             8192,
@@ -169,17 +181,24 @@ fn main() {
             Weights::Cpu,
         ),
         (
-            "q4_0_16384x8192_x1",
-            ElementType::Q4_0,
-            8192,
-            16384,
-            Weights::Cpu,
-        ),
-        (
-            "q4_0_32768x4096_x1",
+            "q4_0_4096x32768_x1",
             ElementType::Q4_0,
             4096,
             32768,
+            Weights::Cpu,
+        ),
+        (
+            "q4_0_16384x8192_x1",
+            ElementType::Q4_0,
+            16384,
+            8192,
+            Weights::Cpu,
+        ),
+        (
+            "q4_0_2048x65536_x1",
+            ElementType::Q4_0,
+            2048,
+            65536,
             Weights::Cpu,
         ),
         (

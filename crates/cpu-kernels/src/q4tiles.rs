@@ -135,6 +135,20 @@ impl Prefetch {
             n => Prefetch::NextCall(n),
         }
     }
+
+    /// For a call over consecutive rows whose next call's rows lie `next` bytes on (0:
+    /// none): on the cores where calls interleave ([`interleaves`]) each row runs on into
+    /// the next call's same row ([`Prefetch::EachRow`]), elsewhere
+    /// [`Prefetch::next_call`]. On a Sapphire Rapids host, rows whose interleaved calls
+    /// would not spread over the L1 sets ([`interleaved_rows_spread`]) go this way: plain
+    /// q4_0 16384 × 8192 from memory (`benches/matvec.rs`, two threads, three alternations)
+    /// read at 0.95–0.97 of the read's rate against 0.81–0.87 interleaved.
+    pub(crate) fn consecutive(next: usize) -> Prefetch {
+        match next {
+            n if n != 0 && interleaves() => Prefetch::EachRow(n),
+            n => Prefetch::next_call(n),
+        }
+    }
 }
 
 /// Whether one-column products over plain rows that follow each other go as
@@ -155,6 +169,10 @@ impl Prefetch {
 /// | 16384 × 8192 | 0.79–0.82 | 0.90–0.92 | 0.88–0.92 |
 /// | 32768 × 4096 | 0.79–0.81 | 0.77–0.82 | **0.91–0.94** |
 ///
+/// (The bench's rows were mislabeled then: its “16384 × 8192” computed the 8192 × 16384
+/// weights again, and its “32768 × 4096” is 32768 rows of 4096 elements, now named
+/// `q4_0_4096x32768_x1`.)
+///
 /// (each row stopping at its end: 0.83–0.88, 0.83–0.89 and 0.78–0.79 in other sets); in a
 /// later set, on a faster phase of the host's memory, the code before (each row on into the
 /// next call's for the two longer rows, the next call's rows for the shortest) against
@@ -173,6 +191,24 @@ pub(crate) fn interleaves() -> bool {
 
 /// Rows of a block of four interleaved calls ([`interleaves`]).
 pub(crate) const INTERLEAVED_ROWS: usize = 4 * ROWS;
+
+/// Whether the sixteen rows of an interleaved call, four rows of `row_bytes` apart, spread
+/// over the L1 cache's sets: no more than half of them start in any one quarter of a 4 KiB
+/// page (whose offset picks a line's set). Where the four-row stride is a multiple of 4 KiB
+/// every row's lines fall into the same sets, more than their twelve ways hold, and the
+/// interleaved order lost to calls over consecutive rows: plain q4_1 16384 × 8192 from
+/// memory (`benches/matvec.rs`, two threads, two alternations) 0.81–0.83 of the read against
+/// 0.95–0.96, and 8192 × 16384 0.83–0.85 against 0.94–0.97 (three), while rows whose stride
+/// spreads gained: 4096 × 32768 0.96–0.98 against 0.86–0.92, 14336 × 8192 0.97 against
+/// 0.93–0.97.
+pub(crate) fn interleaved_rows_spread(row_bytes: usize) -> bool {
+    let mut starts = [0usize; 4];
+    for r in 0..ROWS {
+        let offset = r.wrapping_mul(4).wrapping_mul(row_bytes) % 4096;
+        starts[offset / 1024] += 1;
+    }
+    starts.iter().all(|&n| n <= ROWS / 2)
+}
 
 /// Bytes of one step ([`STEP`] blocks) of a column expanded by [`expand_col`]: four registers
 /// of column quants, the corrections and the scales, 64 bytes each.
@@ -633,6 +669,22 @@ mod tests {
             v[r * stride..r * stride + row_len].copy_from_slice(row);
         }
         v
+    }
+
+    #[test]
+    fn interleaved_calls_spread_unless_the_stride_aliases() {
+        // Rows of q4_0 (18 bytes a block) and q4_1 (20) of k elements: the four-row stride.
+        let row = |block: usize, k: usize| k / 32 * block;
+        assert!(interleaved_rows_spread(row(20, 4096)));
+        assert!(interleaved_rows_spread(row(20, 14336)));
+        assert!(interleaved_rows_spread(row(18, 8192)));
+        assert!(interleaved_rows_spread(row(18, 2048)));
+        // Four rows 20 KiB or 36 KiB apart: every row in the same sets.
+        assert!(!interleaved_rows_spread(row(20, 8192)));
+        assert!(!interleaved_rows_spread(row(18, 16384)));
+        // Half the rows starting in one quarter of the page still spread; all of them do not.
+        assert!(interleaved_rows_spread(512));
+        assert!(!interleaved_rows_spread(1024));
     }
 
     #[test]

@@ -312,6 +312,19 @@ pub(crate) fn dot_rows<const R: usize, const NC: usize>(
 /// Rows per [`dot_rows16`] call.
 pub(crate) const ROWS16: usize = 16;
 
+/// Whether one-column products over plain `q4_1` rows that follow each other go as blocks
+/// of four interleaved [`dot_rows16`] calls (call `t` taking rows `t, t + 4, .., t + 60`,
+/// each row's prefetch running on into the next row), as `q4tiles::interleaves` does for
+/// `q4_0`: where the sixteen-row calls are `qmv512`'s quads (Intel cores).
+pub(crate) fn interleaves_q4_1() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        crate::qmv512::available() && crate::qmv512::prefers_quads()
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    false
+}
+
 /// Sixteen weight rows dotted with one packed column (a decode step): [`dot_rows`]'s
 /// products, bit for bit.
 ///

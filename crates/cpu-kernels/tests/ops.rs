@@ -916,6 +916,23 @@ fn mul_mat_thin_row_groups_and_tails() {
     }
 }
 
+/// One-column plain q4_0 and q4_1 products over blocks of 64 rows: on Intel cores with
+/// AVX-512 those go as four interleaved calls a block (call `t` taking rows `t, t + 4, ..`)
+/// where the rows' stride spreads over the L1 sets (k = 4096), and as calls over
+/// consecutive rows where it does not (k = 8192 for q4_1, 16384 for q4_0); each result must
+/// land in its own row, the rows past the last whole block included (m = 64 · 2 + 19).
+#[test]
+#[cfg_attr(miri, ignore = "SIMD kernels; large rows")]
+fn mul_mat_one_column_row_orders() {
+    for (ty, ks) in [(T::Q4_1, [4096, 8192]), (T::Q4_0, [4096, 16384])] {
+        for k in ks {
+            for &nth in THREADS {
+                mul_mat_case(ty, k, 64 * 2 + 19, 1, [1, 1], [1, 1], false, nth);
+            }
+        }
+    }
+}
+
 /// Thin products give the same bits on one thread and on two: each row's dot product is
 /// computed by one kernel call whatever thread claims it and whatever rows share its group
 /// (and, for q4_0, whatever columns share its call: 6 columns are a call of four and two
@@ -923,7 +940,7 @@ fn mul_mat_thin_row_groups_and_tails() {
 #[test]
 fn mul_mat_thin_threads_agree_bit_for_bit() {
     let (k, m) = if cfg!(miri) { (64, 21) } else { (1024, 1003) };
-    for ty in [T::F32, T::Q4_0] {
+    for ty in [T::F32, T::Q4_0, T::Q4_1] {
         for n in [1i64, 3, 6] {
             let mut outs = Vec::new();
             for nth in [1, 2] {

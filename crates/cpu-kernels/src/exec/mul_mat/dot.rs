@@ -104,6 +104,9 @@ pub(super) struct DotOp<'a> {
     ggml_order: Option<qdot::WeightKind>,
     /// Plain q4_0 rows by `q4tiles` (units of [`Q4_UNIT_ROWS`]).
     wide_q4: bool,
+    /// Plain q4_1 rows against one column in interleaved blocks of calls (units of
+    /// [`Q4_UNIT_ROWS`]; [`DotOp::q4_1_interleaved`]).
+    interleaved_q4_1: bool,
     /// How far on the `qdot` kernels prefetch (their next call's rows; 0 where rows do not
     /// follow each other).
     qdot_prefetch: usize,
@@ -147,10 +150,16 @@ impl<'a> DotOp<'a> {
             DotPath::Rows
         };
         let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
+        let interleaved_q4_1 = a.ty == ElementType::Q4_1
+            && nn == 1
+            && a.rows_contiguous()
+            && isa == quant::Isa::Avx512
+            && qdot::interleaves_q4_1()
+            && q4tiles::interleaved_rows_spread(a.nb[1]);
         let unit_rows = match path {
             DotPath::DirectF16 => F16_UNIT_ROWS,
             DotPath::PairsF16 => F16_PAIRS_UNIT_ROWS,
-            DotPath::Rows if wide_q4 => Q4_UNIT_ROWS,
+            DotPath::Rows if wide_q4 || interleaved_q4_1 => Q4_UNIT_ROWS,
             _ => MM_ROWS,
         };
         // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
@@ -167,6 +176,7 @@ impl<'a> DotOp<'a> {
             half_order,
             ggml_order: qdot_kind(a.ty),
             wide_q4,
+            interleaved_q4_1,
             qdot_prefetch,
         }
     }
@@ -358,6 +368,11 @@ impl<'a> DotOp<'a> {
         self.q4tiles_rows(u, wide, out);
         // One column (a decode step) of q4_1 or q8_0: sixteen rows per call.
         let sixteen = self.ggml_order.is_some() && nn == 1;
+        let wide = if sixteen && self.interleaved_q4_1 && self.qdot_prefetch != 0 {
+            self.q4_1_interleaved(u, out)
+        } else {
+            wide
+        };
         let group = match self.operands.a.ty {
             _ if sixteen => qdot::ROWS16,
             ElementType::Q4_0 | ElementType::Q4_1 | ElementType::Q8_0 => ROWS,
@@ -418,12 +433,20 @@ impl<'a> DotOp<'a> {
 
     /// The unit's first `wide` plain q4_0 rows by `q4tiles`, each call prefetching the
     /// next call's rows where rows follow each other (see [`Q4_UNIT_ROWS`]), or for one
-    /// column on the CPUs where that is faster in interleaved blocks ([`Self::q4tiles_interleaved`]).
+    /// column on the CPUs where that is faster in interleaved blocks ([`Self::q4tiles_interleaved`])
+    /// when the rows' stride spreads those blocks' calls over the L1 sets
+    /// (`q4tiles::interleaved_rows_spread`; otherwise each row runs on into the next call's,
+    /// `q4tiles::Prefetch::consecutive`).
     fn q4tiles_rows(&self, u: &Unit<'_>, wide: usize, out: &mut [f32]) {
         let (nr, nb1) = (u.rows.len(), self.operands.a.nb[1]);
         let next = self.qdot_prefetch / ROWS * q4tiles::ROWS;
         let interleaved = match self.operands.cols.expanded(u.batch0, 0) {
-            Some(col) if self.operands.cols.nn == 1 && next != 0 && q4tiles::interleaves() => {
+            Some(col)
+                if self.operands.cols.nn == 1
+                    && next != 0
+                    && q4tiles::interleaves()
+                    && q4tiles::interleaved_rows_spread(nb1) =>
+            {
                 self.q4tiles_interleaved(u, wide, col, out)
             }
             _ => 0,
@@ -445,7 +468,7 @@ impl<'a> DotOp<'a> {
                     let [d] = match self.operands.cols.expanded(u.batch0, j) {
                         Some(e) => {
                             let nb = self.operands.a.ne[0] / quant::QK;
-                            let prefetch = q4tiles::Prefetch::next_call(next);
+                            let prefetch = q4tiles::Prefetch::consecutive(next);
                             q4tiles::dot_rows16_expanded(rws, nb1, [e], nb, prefetch)
                         }
                         None => q4tiles::dot_rows16(rws, nb1, [self.qcol(u, j)], next),
@@ -475,6 +498,33 @@ impl<'a> DotOp<'a> {
                 let prefetch = q4tiles::Prefetch::EachRow(on * nb1);
                 let rws = &u.span[(b0 + t) * nb1..];
                 let [d] = q4tiles::dot_rows16_expanded(rws, CALLS * nb1, [col], nb, prefetch);
+                for (i, v) in d.into_iter().enumerate() {
+                    out[b0 + t + CALLS * i] = v;
+                }
+            }
+        }
+        blocks
+    }
+
+    /// The unit's whole blocks of [`q4tiles::INTERLEAVED_ROWS`] plain q4_1 rows against its
+    /// one column, four interleaved calls a block as [`Self::q4tiles_interleaved`] does: call
+    /// `t` takes rows `t, t + 4, .., t + 60` of the block, each row's prefetch running on
+    /// into the next row (call `t + 1`'s), the last call's into the next block's first
+    /// call's (`qdot::interleaves_q4_1`). Returns the rows done.
+    fn q4_1_interleaved(&self, u: &Unit<'_>, out: &mut [f32]) -> usize {
+        const CALLS: usize = q4tiles::INTERLEAVED_ROWS / qdot::ROWS16;
+        let (isa, nb1, nr) = (self.operands.isa, self.operands.a.nb[1], u.rows.len());
+        let blocks = nr / q4tiles::INTERLEAVED_ROWS * q4tiles::INTERLEAVED_ROWS;
+        let col = self.qcol(u, 0);
+        for b0 in (0..blocks).step_by(q4tiles::INTERLEAVED_ROWS) {
+            for t in 0..CALLS {
+                let on = if t + 1 < CALLS {
+                    1
+                } else {
+                    q4tiles::INTERLEAVED_ROWS - (CALLS - 1)
+                };
+                let rws = std::array::from_fn(|i| self.row(u, b0 + t + CALLS * i));
+                let d = qdot::dot_rows16(isa, qdot::WeightKind::Q4_1, rws, col, on * nb1);
                 for (i, v) in d.into_iter().enumerate() {
                     out[b0 + t + CALLS * i] = v;
                 }
