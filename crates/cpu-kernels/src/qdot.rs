@@ -331,7 +331,9 @@ pub(crate) fn interleaves_q4_1() -> bool {
 /// With AVX-512 VNNI, `q4_1` rows are transposed in registers so that sixteen rows share
 /// each instruction (`qmv512::q4_1_rows16`); `q8_0` rows, and every row elsewhere, go as two
 /// eight-row [`dot_rows`] calls (why not sixteen for `q8_0`: `qmv512`'s docs). `prefetch`
-/// as for [`dot_rows`] (sixteen row lengths ahead is the next call's block).
+/// as for [`dot_rows`] (sixteen row lengths ahead is the next call's block); for `q4_1`
+/// on Intel cores, where each row's stream runs on past its end, which for interleaved
+/// calls ([`interleaves_q4_1`]) is the next row.
 pub(crate) fn dot_rows16(
     isa: crate::quant::Isa,
     kind: WeightKind,

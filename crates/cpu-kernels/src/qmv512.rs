@@ -164,10 +164,11 @@ pub(crate) fn prefetch_region(
 }
 
 /// How far ahead of the block being read [`prefetch_rows_on`] asks for each row's lines.
-/// From memory (8192 × 16384 `q4_1`, `benches/matvec.rs`, two threads, alternated) 768
-/// bytes read at 0.87–0.95 of the read's rate where 384 read at 0.91–0.93, 256 at 0.90–0.92
-/// and 1024 at 0.88–0.92 (`docs/benchmarks.md`).
-pub(crate) const ROW_AHEAD: usize = 768;
+/// From memory (8192 × 16384 `q4_1`, `benches/matvec.rs`, two threads, six alternated sets)
+/// 768 bytes read at 0.93–0.95 of the read's rate in five sets (0.87 in one), where 384 read
+/// at 0.91–0.93, 256 at 0.90–0.92 and 1024 at 0.88–0.92; on one thread 384 did better
+/// (0.98 against 0.93–0.97, two sets), but two threads are how products run.
+const ROW_AHEAD: usize = 768;
 
 /// Prefetches each of `rows` (all `len` bytes long) [`ROW_AHEAD`] bytes ahead of `end`, the
 /// end of the block just reached, one line of every row at a time, each line once
@@ -678,8 +679,9 @@ pub(crate) fn intel() -> bool {
 
 /// `q4_1` rows against one packed column, sixteen rows at a time as four quads: `[row ·
 /// col; 16]`, the bits of [`q4_1_rows16`], or `None` when the rows lie too far apart for
-/// 32-bit offsets from the first. `prefetch`: how far on the next call's rows lie (0: none),
-/// for [`prefetch_rows_on`].
+/// 32-bit offsets from the first. `prefetch`: how far on each row's prefetch stream runs
+/// on past the row's end (0: nowhere), for [`prefetch_rows_on`]: to the next call's same
+/// row for calls over consecutive rows, to the next row for interleaved calls.
 ///
 /// A quad's register holds one row's sixteen quant bytes of a block in each 128-bit lane
 /// (one load and three merging broadcasts, no shuffles); its low nibbles against the

@@ -49,7 +49,9 @@ fn q4_column_calls(nn: usize, n: usize, mut call: impl FnMut(usize, bool)) {
 /// four consecutive rows, each row prefetched ahead of itself. (That order had beaten
 /// sixteen consecutive rows prefetched row by row, 1.20–1.29 against 1.41–1.54.) On Intel
 /// cores one-column products take that earlier order again, with each row prefetched on
-/// into the next (`q4tiles::interleaves`, measured on a Sapphire Rapids host).
+/// into the next (`q4tiles::interleaves`, measured on a Sapphire Rapids host), and so do
+/// one-column plain q4_1 products there (`DotOp::q4_1_interleaved`), where the rows' stride
+/// spreads a call's rows over the L1 sets (`q4tiles::interleaved_rows_spread`).
 const Q4_UNIT_ROWS: usize = q4tiles::INTERLEAVED_ROWS;
 
 /// The kernel family that computes the units of one op on the dot path, chosen once per op
