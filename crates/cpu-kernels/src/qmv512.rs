@@ -32,7 +32,9 @@
 //! `q4_1` is unchanged (186–190 µs) and `q8_0` faster (292–297 µs against 314–321); with
 //! them in L2 the loop costs the `q4_1` quads 4–8 % (`benches/thin_cpu.rs`). Prefetching into
 //! L2 only (`T1`) read at 0.86 against 1.00; bursts of five lines a row every sixteen blocks
-//! at 0.73–0.75 against 0.92–0.96.
+//! at 0.73–0.75 against 0.92–0.96; sixteen blocks unrolled, each asking for five lines at
+//! fixed rows (no loop, no branch), 0.91–0.96 against 0.87–0.98 (six alternations) and no
+//! different in L2: not worth sixteen copies of the block.
 //!
 //! On Intel cores decode steps of `q4_1` go sixteen rows at a time to
 //! [`q4_1_rows16_quads`] (four rows to a register, no transposes; see
