@@ -34,7 +34,10 @@
 //! L2 only (`T1`) read at 0.86 against 1.00; bursts of five lines a row every sixteen blocks
 //! at 0.73–0.75 against 0.92–0.96; sixteen blocks unrolled, each asking for five lines at
 //! fixed rows (no loop, no branch), 0.91–0.96 against 0.87–0.98 (six alternations) and no
-//! different in L2: not worth sixteen copies of the block.
+//! different in L2: not worth sixteen copies of the block. The quads' sixteen row
+//! addresses from the first row and the stride (rows evenly spaced, so no pointers reloaded
+//! from the stack): 26.3–28.8 GB/s in L2 against 25.9–28.4 for the quants alone, 25.7–28.0
+//! with the prefetches too (three alternations): within the spread.
 //!
 //! On Intel cores decode steps of `q4_1` go sixteen rows at a time to
 //! [`q4_1_rows16_quads`] (four rows to a register, no transposes; see
