@@ -33,7 +33,7 @@
 //! # Design choices
 //!
 //! * **f32 weights on a CPU with AVX-512** take our own blocked product (module `sgemm`)
-//!   from 80 columns: the weights packed once per op into 48-row panels, a 48 × 8 register
+//!   from 80 columns: the weights packed once per op into 64-row panels, a 64 × 6 register
 //!   tile (24 zmm accumulators) over `src1`'s columns in place. The `gemm` crate below,
 //!   built without its nightly feature, runs AVX2 kernels only, so it cannot pass half of
 //!   such a CPU's FMA peak. Each result is one FMA chain over `k` in order, so results do

@@ -1,4 +1,4 @@
-//! Our f32 matrix product for CPUs with AVX-512: packed operands and a 48 × 8 register tile.
+//! Our f32 matrix product for CPUs with AVX-512: packed operands and a 64 × 6 register tile.
 //!
 //! Why our own: the `gemm` crate, built without its nightly feature, runs AVX2 kernels
 //! (eight lanes), so on an AVX-512 machine it can reach at most half the FMA peak; the MiniLM
@@ -18,8 +18,8 @@
 //!   column's elements are adjacent (else copied into a panel), and multiplied by each weight
 //!   panel of the L2 block.
 //! * The micro-kernel multiplies one weight panel by one column panel into `MR × NR`
-//!   accumulators (24 vectors of 16 lanes): per step of the inner dimension three vector
-//!   loads, eight broadcasts and 24 FMAs. It loads the partial sums of a whole tile straight
+//!   accumulators (24 vectors of 16 lanes): per step of the inner dimension four vector
+//!   loads, six broadcasts and 24 FMAs. It loads the partial sums of a whole tile straight
 //!   from the destination and stores them back there (a short or strided tile goes through
 //!   a scratch tile): with `k = 4096` every tile is loaded and stored once per inner block,
 //!   and the copies through a scratch tile cost about 5 % there.
@@ -32,12 +32,19 @@
 //! block for L2); prefetching the next result tile, or the next weights block (which evicts
 //! the current one from L2).
 //!
-//! On an Intel core of the Sapphire Rapids class the same code reaches less: 0.82–0.85 of the
-//! FMA loop with a unit's data in L2 and 0.66–0.77 over a whole product on two threads,
-//! against Intel MKL's 0.74–0.81 in the same runs (ours takes 1.02–1.19 times MKL's time).
-//! The bound is the micro-kernel's loads: on that core 24 FMAs a step beside three vector
-//! loads and eight broadcasts run about a tenth below the FMAs alone, and no register tile
-//! that fits the 32 registers needs fewer than ten loads per 24 FMAs (figures in
+//! On an Intel core of the Sapphire Rapids class the same code reaches less: with the former
+//! 48 × 8 tile, 0.82–0.85 of the FMA loop with a unit's data in L2 and 0.66–0.77 over a whole
+//! product on two threads, against Intel MKL's 0.74–0.81 in the same runs. The bound is the
+//! micro-kernel's loads: on that core 24 FMAs a step beside three vector loads and eight
+//! broadcasts run about a tenth below the FMAs alone, and no register tile that fits the 32
+//! registers needs fewer than ten loads per 24 FMAs. The 64 × 6 tile is one of those with
+//! ten (four vector loads, six broadcasts; 24 accumulators, four weight vectors and a
+//! broadcast fill 29 registers), and it is faster there: of the nominal peak on two threads
+//! (`benches/gemm.rs`, nine alternations) 384² 0.77–0.88 against 0.72–0.86, FFN up
+//! 0.74–0.86 against 0.68–0.84, FFN down 0.77–0.86 against 0.75–0.84, 4096³ 0.67–0.77 against
+//! 0.66–0.75: ahead in 29 of 36 pairs, level in 5, behind in 2; on one thread ahead in all 8.
+//! 96 × 4 (six vector loads, four broadcasts) lost on the MiniLM shapes (0.70–0.81 against
+//! 0.77–0.87). The tile was chosen on that host; the AMD host has not run it (figures in
 //! `docs/benchmarks.md`).
 //!
 //! **Every result element is one chain of fused multiply-adds over the inner dimension in
@@ -51,10 +58,10 @@ use std::ops::Range;
 
 use crate::mem::MatF32;
 
-/// Rows of a weight panel (three vectors of 16 lanes).
-pub(crate) const MR: usize = 48;
+/// Rows of a weight panel (four vectors of 16 lanes).
+pub(crate) const MR: usize = 64;
 /// Columns of a `src1` panel.
-pub(crate) const NR: usize = 8;
+pub(crate) const NR: usize = 6;
 /// Longest inner-dimension block. Longer blocks mean fewer passes over the result (each
 /// block after the first reloads and stores every result tile once); 768 measured faster than
 /// 384 on 4096³ (0.81 against 0.79 of the FMA peak per busy CPU-second, 2 threads).
@@ -538,7 +545,8 @@ mod x86 {
         c: [*mut f32; NR],
         accumulate: bool,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); 3]; NR];
+        const V: usize = MR / 16;
+        let mut acc = [[_mm512_setzero_ps(); V]; NR];
         if accumulate {
             for (v, &p) in acc.iter_mut().zip(&c) {
                 for (h, x) in v.iter_mut().enumerate() {
@@ -554,14 +562,12 @@ mod x86 {
             // caller's contract).
             unsafe {
                 let pa = ap.add(kk * MR);
-                let a0 = _mm512_loadu_ps(pa);
-                let a1 = _mm512_loadu_ps(pa.add(16));
-                let a2 = _mm512_loadu_ps(pa.add(32));
+                let av: [__m512; V] = std::array::from_fn(|h| _mm512_loadu_ps(pa.add(16 * h)));
                 for (v, pb) in acc.iter_mut().zip(bp) {
                     let bj = _mm512_set1_ps(pb.add(kk).read());
-                    v[0] = _mm512_fmadd_ps(a0, bj, v[0]);
-                    v[1] = _mm512_fmadd_ps(a1, bj, v[1]);
-                    v[2] = _mm512_fmadd_ps(a2, bj, v[2]);
+                    for (x, &a) in v.iter_mut().zip(&av) {
+                        *x = _mm512_fmadd_ps(a, bj, *x);
+                    }
                 }
             }
         }
