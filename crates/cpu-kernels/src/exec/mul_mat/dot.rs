@@ -54,6 +54,39 @@ fn q4_column_calls(nn: usize, n: usize, mut call: impl FnMut(usize, bool)) {
 /// spreads a call's rows over the L1 sets (`q4tiles::interleaved_rows_spread`).
 const Q4_UNIT_ROWS: usize = q4tiles::INTERLEAVED_ROWS;
 
+/// Calls in a block of [`q4tiles::INTERLEAVED_ROWS`] interleaved rows: call `t` takes rows
+/// `t, t + INTERLEAVED_CALLS, ..` of the block.
+const INTERLEAVED_CALLS: usize = q4tiles::INTERLEAVED_ROWS / q4tiles::ROWS;
+// The q4_1 sixteen-row calls fill the same blocks as the q4_0 ones.
+const _: () = assert!(qdot::ROWS16 == q4tiles::ROWS);
+
+/// The whole blocks of [`q4tiles::INTERLEAVED_ROWS`] rows among the first `rows`, as
+/// [`INTERLEAVED_CALLS`] interleaved sixteen-row calls a block (`q4tiles::interleaves`):
+/// `call(first, on)` computes rows `first, first + INTERLEAVED_CALLS, ..`, each row's
+/// prefetch running on `on` rows further (into the next call's row; the block's last call's
+/// into the next block's first call's), and each result goes to its row of `out`. Returns
+/// the rows done.
+fn interleaved_blocks(
+    rows: usize,
+    out: &mut [f32],
+    mut call: impl FnMut(usize, usize) -> [f32; q4tiles::ROWS],
+) -> usize {
+    let blocks = rows / q4tiles::INTERLEAVED_ROWS * q4tiles::INTERLEAVED_ROWS;
+    for b0 in (0..blocks).step_by(q4tiles::INTERLEAVED_ROWS) {
+        for t in 0..INTERLEAVED_CALLS {
+            let on = if t + 1 < INTERLEAVED_CALLS {
+                1
+            } else {
+                q4tiles::INTERLEAVED_ROWS - (INTERLEAVED_CALLS - 1)
+            };
+            for (i, v) in call(b0 + t, on).into_iter().enumerate() {
+                out[b0 + t + INTERLEAVED_CALLS * i] = v;
+            }
+        }
+    }
+    blocks
+}
+
 /// The kernel family that computes the units of one op on the dot path, chosen once per op
 /// ([`DotOp::new`]).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -106,8 +139,8 @@ pub(super) struct DotOp<'a> {
     ggml_order: Option<qdot::WeightKind>,
     /// Plain q4_0 rows by `q4tiles` (units of [`Q4_UNIT_ROWS`]).
     wide_q4: bool,
-    /// Plain q4_1 rows against one column in interleaved blocks of calls (units of
-    /// [`Q4_UNIT_ROWS`]; [`DotOp::q4_1_interleaved`]).
+    /// Plain q4_1 rows that follow each other, against one column, in interleaved blocks of
+    /// calls (units of [`Q4_UNIT_ROWS`]; [`DotOp::q4_1_interleaved`]).
     interleaved_q4_1: bool,
     /// How far on the `qdot` kernels prefetch (their next call's rows; 0 where rows do not
     /// follow each other).
@@ -152,9 +185,15 @@ impl<'a> DotOp<'a> {
             DotPath::Rows
         };
         let wide_q4 = a.ty == ElementType::Q4_0 && a.rows_contiguous() && q4tiles::available();
+        // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
+        let qdot_prefetch = if a.nb[1] == a.ty.row_size(k) {
+            ROWS * a.nb[1]
+        } else {
+            0
+        };
         let interleaved_q4_1 = a.ty == ElementType::Q4_1
             && nn == 1
-            && a.rows_contiguous()
+            && qdot_prefetch != 0
             && isa == quant::Isa::Avx512
             && qdot::interleaves_q4_1()
             && q4tiles::interleaved_rows_spread(a.nb[1]);
@@ -163,12 +202,6 @@ impl<'a> DotOp<'a> {
             DotPath::PairsF16 => F16_PAIRS_UNIT_ROWS,
             DotPath::Rows if wide_q4 || interleaved_q4_1 => Q4_UNIT_ROWS,
             _ => MM_ROWS,
-        };
-        // Rows that follow each other in memory: the `qdot` kernels prefetch the next group.
-        let qdot_prefetch = if a.nb[1] == a.ty.row_size(k) {
-            ROWS * a.nb[1]
-        } else {
-            0
         };
         DotOp {
             operands,
@@ -370,7 +403,7 @@ impl<'a> DotOp<'a> {
         self.q4tiles_rows(u, wide, out);
         // One column (a decode step) of q4_1 or q8_0: sixteen rows per call.
         let sixteen = self.ggml_order.is_some() && nn == 1;
-        let wide = if sixteen && self.interleaved_q4_1 && self.qdot_prefetch != 0 {
+        let wide = if self.interleaved_q4_1 {
             self.q4_1_interleaved(u, out)
         } else {
             wide
@@ -487,25 +520,14 @@ impl<'a> DotOp<'a> {
     /// prefetched on into the next row (call `t + 1`'s), the last call's into the next
     /// block's first call's ([`q4tiles::interleaves`]). Returns the rows done.
     fn q4tiles_interleaved(&self, u: &Unit<'_>, wide: usize, col: &[u8], out: &mut [f32]) -> usize {
-        const CALLS: usize = q4tiles::INTERLEAVED_ROWS / q4tiles::ROWS;
         let (nb1, nb) = (self.operands.a.nb[1], self.operands.a.ne[0] / quant::QK);
-        let blocks = wide / q4tiles::INTERLEAVED_ROWS * q4tiles::INTERLEAVED_ROWS;
-        for b0 in (0..blocks).step_by(q4tiles::INTERLEAVED_ROWS) {
-            for t in 0..CALLS {
-                let on = if t + 1 < CALLS {
-                    1
-                } else {
-                    q4tiles::INTERLEAVED_ROWS - (CALLS - 1)
-                };
-                let prefetch = q4tiles::Prefetch::EachRow(on * nb1);
-                let rws = &u.span[(b0 + t) * nb1..];
-                let [d] = q4tiles::dot_rows16_expanded(rws, CALLS * nb1, [col], nb, prefetch);
-                for (i, v) in d.into_iter().enumerate() {
-                    out[b0 + t + CALLS * i] = v;
-                }
-            }
-        }
-        blocks
+        interleaved_blocks(wide, out, |first, on| {
+            let prefetch = q4tiles::Prefetch::EachRow(on * nb1);
+            let rws = &u.span[first * nb1..];
+            let [d] =
+                q4tiles::dot_rows16_expanded(rws, INTERLEAVED_CALLS * nb1, [col], nb, prefetch);
+            d
+        })
     }
 
     /// The unit's whole blocks of [`q4tiles::INTERLEAVED_ROWS`] plain q4_1 rows against its
@@ -514,25 +536,12 @@ impl<'a> DotOp<'a> {
     /// into the next row (call `t + 1`'s), the last call's into the next block's first
     /// call's (`qdot::interleaves_q4_1`). Returns the rows done.
     fn q4_1_interleaved(&self, u: &Unit<'_>, out: &mut [f32]) -> usize {
-        const CALLS: usize = q4tiles::INTERLEAVED_ROWS / qdot::ROWS16;
-        let (isa, nb1, nr) = (self.operands.isa, self.operands.a.nb[1], u.rows.len());
-        let blocks = nr / q4tiles::INTERLEAVED_ROWS * q4tiles::INTERLEAVED_ROWS;
+        let (isa, nb1) = (self.operands.isa, self.operands.a.nb[1]);
         let col = self.qcol(u, 0);
-        for b0 in (0..blocks).step_by(q4tiles::INTERLEAVED_ROWS) {
-            for t in 0..CALLS {
-                let on = if t + 1 < CALLS {
-                    1
-                } else {
-                    q4tiles::INTERLEAVED_ROWS - (CALLS - 1)
-                };
-                let rws = std::array::from_fn(|i| self.row(u, b0 + t + CALLS * i));
-                let d = qdot::dot_rows16(isa, qdot::WeightKind::Q4_1, rws, col, on * nb1);
-                for (i, v) in d.into_iter().enumerate() {
-                    out[b0 + t + CALLS * i] = v;
-                }
-            }
-        }
-        blocks
+        interleaved_blocks(u.rows.len(), out, |first, on| {
+            let rws = std::array::from_fn(|i| self.row(u, first + INTERLEAVED_CALLS * i));
+            qdot::dot_rows16(isa, qdot::WeightKind::Q4_1, rws, col, on * nb1)
+        })
     }
 
     /// Eight plain q4_0 rows by `quant`'s kernel, four columns a call where they come in
