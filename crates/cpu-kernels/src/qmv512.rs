@@ -180,7 +180,7 @@ const ROW_AHEAD: usize = 768;
 /// (`*pf_at`: the next offset to ask for). Past a row's end the stream runs on into the row
 /// `next` bytes further (the next call's same row, where rows follow each other), so the
 /// next call starts with its rows' first lines in cache; with `next == 0` it stops at the
-/// rows' ends and [`prefetch_row_starts`] asks for their first lines instead.
+/// rows' ends, and [`start_rows_on`] asks for their first lines instead.
 ///
 /// Why (plain `q4_1` decode rows on a Sapphire Rapids host): sixteen rows that each run
 /// ahead of themselves keep more lines in flight than the next call's rows asked for as
@@ -202,16 +202,21 @@ fn prefetch_rows_on(rows: &[*const u8], len: usize, next: usize, pf_at: &mut usi
     }
 }
 
-/// Asks for the first [`ROW_AHEAD`] bytes of each of `rows` (at most `len`), for a call whose
-/// rows no earlier call ran on into ([`prefetch_rows_on`] with `next == 0`).
+/// Starts [`prefetch_rows_on`]'s streams for a call over `rows` (all `len` bytes long) whose
+/// streams run on `next` bytes past their ends: the first [`ROW_AHEAD`] bytes of each row
+/// came with the call before when `next != 0`, and are asked for here when `next == 0` (no
+/// call before ran on into them). Returns the first offset left to ask for (`*pf_at`).
 #[inline(always)]
-fn prefetch_row_starts(rows: &[*const u8], len: usize) {
-    for line in (0..ROW_AHEAD.min(len)).step_by(64) {
-        for p in rows {
-            // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+fn start_rows_on(rows: &[*const u8], len: usize, next: usize) -> usize {
+    if next == 0 {
+        for line in (0..ROW_AHEAD.min(len)).step_by(64) {
+            for p in rows {
+                // SAFETY: SSE is in the x86-64 baseline; a prefetch never faults.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+            }
         }
     }
+    ROW_AHEAD
 }
 
 /// Whether the CPU has what these kernels use (asked once: `qdot::dot_rows` checks it on
@@ -459,12 +464,11 @@ unsafe fn q8_0_rows8_by<const OFFSET: bool, const ROWS_ON: bool>(
     let min = _mm512_set1_epi8(i8::MIN);
     let mut acc = [_mm512_setzero_ps(); ROWS / 2];
     let len = nb * Q8_0_BYTES;
-    if ROWS_ON && prefetch == 0 {
-        prefetch_row_starts(&rp, len);
-    }
-    // With `ROWS_ON`, the first `ROW_AHEAD` bytes of each row came with the call before (or
-    // just above).
-    let mut pf_at = if ROWS_ON { ROW_AHEAD } else { 0 };
+    let mut pf_at = if ROWS_ON {
+        start_rows_on(&rp, len, prefetch)
+    } else {
+        0
+    };
     for b in 0..nb {
         let off = b * Q8_0_BYTES;
         // The next call's eight rows are `prefetch` bytes on (they follow each other).
@@ -727,11 +731,7 @@ pub(crate) unsafe fn q4_1_rows16_quads(
     let mut hi_acc = [_mm512_setzero_ps(); 4];
     let mut summs = _mm512_setzero_ps();
     let len = nb * Q4_1_BYTES;
-    if prefetch == 0 {
-        prefetch_row_starts(&rp, len);
-    }
-    // The first `ROW_AHEAD` bytes of each row came with the call before (or just above).
-    let mut pf_at = ROW_AHEAD;
+    let mut pf_at = start_rows_on(&rp, len, prefetch);
     for b in 0..nb {
         let off = b * Q4_1_BYTES;
         // Each row ahead of itself, on into the next call's (`prefetch` bytes on).
