@@ -34,7 +34,9 @@
 //!
 //! * **f32 weights on a CPU with AVX-512** take our own blocked product (module `sgemm`)
 //!   from 80 columns: the weights packed once per op into 64-row panels, a 64 × 6 register
-//!   tile (24 zmm accumulators) over `src1`'s columns in place. The `gemm` crate below,
+//!   tile (24 zmm accumulators) over `src1`'s columns in place, in units of 256 columns
+//!   (1024 where the packed weights exceed a core's L2, so each unit's pass over them from
+//!   L3 is paid back over four times the work). The `gemm` crate below,
 //!   built without its nightly feature, runs AVX2 kernels only, so it cannot pass half of
 //!   such a CPU's FMA peak. Each result is one FMA chain over `k` in order, so results do
 //!   not depend on the thread count or the blocking (`benches/gemm.rs` measures it against

@@ -8,7 +8,10 @@
 //! 1 MiB of L2):
 //!
 //! * The result is cut into units of whole row ranges × column ranges ([`Grid`]); the
-//!   executor hands units to threads.
+//!   executor hands units to threads. Every unit reads all the weights of its rows, so where
+//!   the weights do not fit in L2 units are four times as wide (1024 columns) and read them
+//!   from L3 a quarter as often: on the Sapphire Rapids host 4096³ went from 0.72–0.77 of
+//!   the nominal peak to 0.80–0.83 (four alternations; figures in `docs/benchmarks.md`).
 //! * The weights are packed once per op (see `exec`): for each block of the inner dimension
 //!   ([`kc_for`]: the fewest blocks of at most [`KC_MAX`]), panels of [`MR`] rows (`kc × MR`
 //!   floats, row index fastest, short panels padded with zeros); with AVX-512, 16 rows × 16
@@ -71,6 +74,15 @@ const A_BLOCK: usize = 384 * 384;
 /// Columns per unit aimed for when there are enough: the weights are packed once per unit,
 /// which costs about one FMA step per 256 columns of work.
 const MIN_UNIT_COLS: usize = 256;
+/// Packed weights of more bytes than this do not stay in a core's L2 (2 MiB on the Sapphire
+/// Rapids host, 1 MiB on the AMD one) from one unit to the next.
+const L2_BYTES: usize = 2 << 20;
+/// Columns per unit aimed for when the weights do not fit in L2 ([`L2_BYTES`]). Each unit then
+/// reads its rows of the weights from L3 again, one L2 block at a time, and the first column
+/// panel of every block waits on that read: on the Sapphire Rapids host it took about five
+/// times as long as the block's other panels, a tenth of a 4096³ product with 256-column
+/// units. Units four times as wide read the weights a quarter as often.
+const MIN_UNIT_COLS_STREAMED: usize = 1024;
 /// Units per thread aimed for, so a descheduled thread's share can be taken over.
 const UNITS_PER_THREAD: usize = 8;
 
@@ -111,11 +123,19 @@ pub(crate) struct Grid {
 }
 
 impl Grid {
-    /// A grid with about [`UNITS_PER_THREAD`] units per thread: columns are split first
-    /// (down to [`MIN_UNIT_COLS`] per unit), then rows (down to two panels per unit).
-    pub fn new(m: usize, n: usize, n_batch: usize, n_threads: usize) -> Grid {
+    /// A grid for weights of `m` rows `k` long, with about [`UNITS_PER_THREAD`] units per
+    /// thread: columns are split first (down to [`MIN_UNIT_COLS`] per unit, or
+    /// [`MIN_UNIT_COLS_STREAMED`] when the packed weights exceed [`L2_BYTES`]), then rows (down
+    /// to two panels per unit).
+    pub fn new(m: usize, k: usize, n: usize, n_batch: usize, n_threads: usize) -> Grid {
         let want = (UNITS_PER_THREAD * n_threads.max(1)).div_ceil(n_batch.max(1));
-        let nbj = want.min(n.div_ceil(MIN_UNIT_COLS)).max(1);
+        let weights_bytes = m.next_multiple_of(MR).saturating_mul(k).saturating_mul(4);
+        let min_cols = if weights_bytes > L2_BYTES {
+            MIN_UNIT_COLS_STREAMED
+        } else {
+            MIN_UNIT_COLS
+        };
+        let nbj = want.min(n.div_ceil(min_cols)).max(1);
         let nu = n.div_ceil(nbj).next_multiple_of(NR).max(NR);
         let nbj = n.div_ceil(nu).max(1);
         let nbi = want.div_ceil(nbj).min(m.div_ceil(2 * MR)).max(1);
@@ -606,7 +626,7 @@ mod tests {
         let am = MatF32::from_slice(a, k, m);
         let bm = MatF32::from_slice(b, k, n);
         let dm = MatF32::from_mut_slice(&mut out, m, n);
-        let g = Grid::new(m, n, 1, nth);
+        let g = Grid::new(m, k, n, 1, nth);
         let mut ap = vec![f32::NAN; packed_a_len(m, k)];
         pack_a(kernel, &am, &mut ap);
         let mut bcopy = Vec::new();
@@ -709,19 +729,21 @@ mod tests {
 
     #[test]
     fn grid_covers_every_element_once() {
-        let shapes: &[(usize, usize, usize, usize)] = if cfg!(miri) {
-            &[(33, 81, 4, 2), (1, 1, 1, 1)]
+        let shapes: &[(usize, usize, usize, usize, usize)] = if cfg!(miri) {
+            &[(33, 8, 81, 4, 2), (1, 1, 1, 1, 1)]
         } else {
             &[
-                (384, 4096, 1, 2),
-                (128, 128, 384, 2),
-                (33, 81, 4, 2),
-                (4096, 96, 1, 2),
-                (1, 1, 1, 1),
+                (384, 384, 4096, 1, 2),
+                (4096, 4096, 4096, 1, 2),
+                (4096, 4096, 1000, 1, 3),
+                (128, 64, 128, 384, 2),
+                (33, 8, 81, 4, 2),
+                (4096, 16, 96, 1, 2),
+                (1, 1, 1, 1, 1),
             ]
         };
-        for &(m, n, nb, nth) in shapes {
-            let g = Grid::new(m, n, nb, nth);
+        for &(m, k, n, nb, nth) in shapes {
+            let g = Grid::new(m, k, n, nb, nth);
             let mut seen = vec![0u8; m * n];
             for u in 0..g.units_per_matrix() {
                 let (r, c) = g.unit(u);
@@ -733,5 +755,19 @@ mod tests {
             }
             assert!(seen.iter().all(|&x| x == 1), "{m}x{n}");
         }
+    }
+
+    #[test]
+    fn weights_beyond_l2_get_wider_units() {
+        // 384 × 384 weights (576 KiB) stay in L2: 256-column units.
+        let (_, cols) = Grid::new(384, 384, 4096, 1, 2).unit(0);
+        assert_eq!(cols.len(), MIN_UNIT_COLS.next_multiple_of(NR));
+        // 4096 × 4096 weights (64 MiB) stream from L3: units of 1024 columns, rows split
+        // instead, still about UNITS_PER_THREAD units per thread.
+        let g = Grid::new(4096, 4096, 4096, 1, 2);
+        let (rows, cols) = g.unit(0);
+        assert_eq!(cols.len(), MIN_UNIT_COLS_STREAMED.next_multiple_of(NR));
+        assert_eq!(rows.len(), 1024);
+        assert_eq!(g.units_per_matrix(), 2 * UNITS_PER_THREAD);
     }
 }

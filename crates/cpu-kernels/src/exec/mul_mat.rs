@@ -285,7 +285,7 @@ impl Exec<'_> {
         let (k, m, n) = (a.ne[0], a.ne[1], b.ne[1]);
         let n_batch = dst.ne[2] * dst.ne[3];
         let nth = self.n_threads.min(self.pool.n_threads()).max(1);
-        let grid = sgemm::Grid::new(m, n, n_batch, nth);
+        let grid = sgemm::Grid::new(m, k, n, n_batch, nth);
         let per = grid.units_per_matrix();
         let (na, alen) = (a.ne[2] * a.ne[3], sgemm::packed_a_len(m, k));
         let misaligned = || BackendError::failed("CPU", "mul_mat: misaligned f32 matrix");
