@@ -139,6 +139,9 @@ pub(super) struct DotOp<'a> {
     ggml_order: Option<qdot::WeightKind>,
     /// Plain q4_0 rows by `q4tiles` (units of [`Q4_UNIT_ROWS`]).
     wide_q4: bool,
+    /// Of those, rows that follow each other, against one column, in interleaved blocks of
+    /// calls ([`DotOp::q4tiles_interleaved`]) where the column is expanded.
+    interleaved_q4_0: bool,
     /// Plain q4_1 rows that follow each other, against one column, in interleaved blocks of
     /// calls (units of [`Q4_UNIT_ROWS`]; [`DotOp::q4_1_interleaved`]).
     interleaved_q4_1: bool,
@@ -191,12 +194,18 @@ impl<'a> DotOp<'a> {
         } else {
             0
         };
-        let interleaved_q4_1 = a.ty == ElementType::Q4_1
+        // One column over rows that follow each other, four rows' stride spreading an
+        // interleaved call's rows over the L1 sets: plain q4_0 and q4_1 may go in
+        // interleaved blocks of calls, on the CPUs where that is faster.
+        let interleavable = matches!(a.ty, ElementType::Q4_0 | ElementType::Q4_1)
             && nn == 1
             && qdot_prefetch != 0
-            && isa == quant::Isa::Avx512
-            && qdot::interleaves_q4_1()
             && q4tiles::interleaved_rows_spread(a.nb[1]);
+        let interleaved_q4_0 = wide_q4 && interleavable && q4tiles::interleaves();
+        let interleaved_q4_1 = a.ty == ElementType::Q4_1
+            && interleavable
+            && isa == quant::Isa::Avx512
+            && qdot::interleaves_q4_1();
         let unit_rows = match path {
             DotPath::DirectF16 => F16_UNIT_ROWS,
             DotPath::PairsF16 => F16_PAIRS_UNIT_ROWS,
@@ -211,6 +220,7 @@ impl<'a> DotOp<'a> {
             half_order,
             ggml_order: qdot_kind(a.ty),
             wide_q4,
+            interleaved_q4_0,
             interleaved_q4_1,
             qdot_prefetch,
         }
@@ -469,21 +479,14 @@ impl<'a> DotOp<'a> {
     /// The unit's first `wide` plain q4_0 rows by `q4tiles`, each call prefetching the
     /// next call's rows where rows follow each other (see [`Q4_UNIT_ROWS`]), or for one
     /// column on the CPUs where that is faster in interleaved blocks ([`Self::q4tiles_interleaved`])
-    /// when the rows' stride spreads those blocks' calls over the L1 sets
-    /// (`q4tiles::interleaved_rows_spread`; otherwise each row runs on into the next call's,
-    /// `q4tiles::Prefetch::consecutive`).
+    /// when the rows' stride spreads those blocks' calls over the L1 sets (`interleaved_q4_0`,
+    /// from `q4tiles::interleaved_rows_spread`; otherwise each row runs on into the next
+    /// call's, `q4tiles::Prefetch::consecutive`).
     fn q4tiles_rows(&self, u: &Unit<'_>, wide: usize, out: &mut [f32]) {
         let (nr, nb1) = (u.rows.len(), self.operands.a.nb[1]);
         let next = self.qdot_prefetch / ROWS * q4tiles::ROWS;
         let interleaved = match self.operands.cols.expanded(u.batch0, 0) {
-            Some(col)
-                if self.operands.cols.nn == 1
-                    && next != 0
-                    && q4tiles::interleaves()
-                    && q4tiles::interleaved_rows_spread(nb1) =>
-            {
-                self.q4tiles_interleaved(u, wide, col, out)
-            }
+            Some(col) if self.interleaved_q4_0 => self.q4tiles_interleaved(u, wide, col, out),
             _ => 0,
         };
         for r0 in (interleaved..wide).step_by(q4tiles::ROWS) {
