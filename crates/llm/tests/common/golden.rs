@@ -64,6 +64,66 @@ pub struct Outcome {
     pub max_logit_diff: f32,
 }
 
+/// Why a decode failed a comparison with llama.cpp.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mismatch {
+    /// At `step` we chose `ours` where llama.cpp chose `theirs`; `gap` is how far below its
+    /// best llama.cpp scored our token (`None`: ours is not in its top 5).
+    Token {
+        step: usize,
+        ours: u32,
+        theirs: u32,
+        gap: Option<f32>,
+    },
+    /// The tokens agree, but llama.cpp's logit of `id` at `step` is further from ours than the
+    /// tolerance allows.
+    Logit {
+        step: usize,
+        id: u32,
+        ours: f32,
+        theirs: f32,
+    },
+    /// We produced `ours` tokens where llama.cpp produced `theirs`.
+    Length { ours: usize, theirs: usize },
+    /// Decoding itself failed.
+    Generate(String),
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mismatch::Token {
+                step,
+                ours,
+                theirs,
+                gap: Some(gap),
+            } => write!(
+                f,
+                "step {step}: we chose {ours}, llama.cpp {theirs}; llama.cpp scored ours {gap:.4} below its best"
+            ),
+            Mismatch::Token {
+                step, ours, theirs, ..
+            } => write!(
+                f,
+                "step {step}: we chose {ours}, llama.cpp {theirs}; ours is not in llama.cpp's top 5"
+            ),
+            Mismatch::Logit {
+                step,
+                id,
+                ours,
+                theirs,
+            } => write!(
+                f,
+                "step {step}: the logit of {id} is {ours} here, {theirs} in llama.cpp"
+            ),
+            Mismatch::Length { ours, theirs } => {
+                write!(f, "we produced {ours} tokens, llama.cpp {theirs}")
+            }
+            Mismatch::Generate(e) => write!(f, "generate failed: {e}"),
+        }
+    }
+}
+
 fn top5(logits: &[f32]) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
     ids.sort_by(|&a, &b| {
@@ -75,9 +135,9 @@ fn top5(logits: &[f32]) -> Vec<u32> {
     ids
 }
 
-/// Decodes `run`'s prompt greedily with `model` and compares with llama.cpp by the rule
-/// above; `Err` says where and why the comparison failed.
-pub fn compare(model: &mut Llama, run: &GoldenRun) -> Result<Outcome, String> {
+/// Greedy decode of `run`'s prompt for as many steps as llama.cpp made: per step, our token
+/// and our logits.
+fn decode(model: &mut Llama, run: &GoldenRun) -> Result<Vec<(u32, Vec<f32>)>, Mismatch> {
     let mut sampler = Sampler::new(Sampling::Greedy);
     let mut steps: Vec<(u32, Vec<f32>)> = Vec::new();
     model
@@ -88,7 +148,14 @@ pub fn compare(model: &mut Llama, run: &GoldenRun) -> Result<Outcome, String> {
             &llm::SMOLLM2_EOG,
             |t, l| steps.push((t, l.to_vec())),
         )
-        .map_err(|e| format!("generate failed: {e}"))?;
+        .map_err(|e| Mismatch::Generate(e.to_string()))?;
+    Ok(steps)
+}
+
+/// Decodes `run`'s prompt greedily with `model` and compares with llama.cpp by the near-tie
+/// rule above; `Err` says where and why the comparison failed.
+pub fn compare(model: &mut Llama, run: &GoldenRun) -> Result<Outcome, Mismatch> {
+    let steps = decode(model, run)?;
     let mut out = Outcome::default();
     for (i, (ours, logits)) in steps.iter().enumerate() {
         let theirs = run.tokens[i];
@@ -106,28 +173,73 @@ pub fn compare(model: &mut Llama, run: &GoldenRun) -> Result<Outcome, String> {
             continue;
         }
         let best = their_top[0].1;
-        return match their_top.iter().find(|(t, _)| t == ours) {
-            Some(&(_, l)) if best - l <= NEAR_TIE => {
-                out.near_tie = Some((i, *ours, theirs, best - l));
+        let gap = their_top
+            .iter()
+            .find(|(t, _)| t == ours)
+            .map(|&(_, l)| best - l);
+        return match gap {
+            Some(g) if g <= NEAR_TIE => {
+                out.near_tie = Some((i, *ours, theirs, g));
                 Ok(out)
             }
-            Some(&(_, l)) => Err(format!(
-                "step {i}: we chose {ours}, llama.cpp {theirs}; llama.cpp scored ours {:.4} below its best (more than {NEAR_TIE})",
-                best - l
-            )),
-            None => Err(format!(
-                "step {i}: we chose {ours}, llama.cpp {theirs}; ours is not in llama.cpp's top 5 {their_top:?}"
-            )),
+            _ => Err(Mismatch::Token {
+                step: i,
+                ours: *ours,
+                theirs,
+                gap,
+            }),
         };
     }
     if steps.len() != run.tokens.len() {
-        return Err(format!(
-            "we produced {} tokens, llama.cpp {}",
-            steps.len(),
-            run.tokens.len()
-        ));
+        return Err(Mismatch::Length {
+            ours: steps.len(),
+            theirs: run.tokens.len(),
+        });
     }
     Ok(out)
+}
+
+/// Decodes `run`'s prompt greedily and holds it to llama.cpp exactly: the same token at every
+/// step (no near-tie allowance) and each of llama.cpp's top-5 logits within `tol` of ours at
+/// every step. Returns the largest top-5 logit difference.
+pub fn compare_exact(model: &mut Llama, run: &GoldenRun, tol: f32) -> Result<f32, Mismatch> {
+    let steps = decode(model, run)?;
+    let mut worst = 0f32;
+    for (step, (ours, logits)) in steps.iter().enumerate() {
+        let theirs = run.tokens[step];
+        if *ours != theirs {
+            let best = run.top5[step][0].1;
+            let gap = run.top5[step]
+                .iter()
+                .find(|(t, _)| t == ours)
+                .map(|&(_, l)| best - l);
+            return Err(Mismatch::Token {
+                step,
+                ours: *ours,
+                theirs,
+                gap,
+            });
+        }
+        for &(id, l) in &run.top5[step] {
+            let d = (logits[id as usize] - l).abs();
+            worst = worst.max(d);
+            if d.is_nan() || d > tol {
+                return Err(Mismatch::Logit {
+                    step,
+                    id,
+                    ours: logits[id as usize],
+                    theirs: l,
+                });
+            }
+        }
+    }
+    if steps.len() != run.tokens.len() {
+        return Err(Mismatch::Length {
+            ours: steps.len(),
+            theirs: run.tokens.len(),
+        });
+    }
+    Ok(worst)
 }
 
 /// Tokens of a greedy run of `prompt` (for comparing two configurations of ours).
@@ -170,6 +282,37 @@ pub fn compare_runs(base: &[(u32, Vec<f32>)], other: &[(u32, Vec<f32>)]) -> Resu
         return Err(format!("{} tokens instead of {}", other.len(), base.len()));
     }
     Ok(worst)
+}
+
+/// `other` is `base` bit for bit: the same tokens, and every logit of every step with the
+/// same f32 bits. `Err` names the first step and id that differ.
+pub fn identical_runs(base: &[(u32, Vec<f32>)], other: &[(u32, Vec<f32>)]) -> Result<(), String> {
+    if base.len() != other.len() {
+        return Err(format!("{} steps instead of {}", other.len(), base.len()));
+    }
+    for (step, ((bt, bl), (ot, ol))) in base.iter().zip(other).enumerate() {
+        if bt != ot {
+            return Err(format!("step {step}: token {ot} instead of {bt}"));
+        }
+        if bl.len() != ol.len() {
+            return Err(format!(
+                "step {step}: {} logits instead of {}",
+                ol.len(),
+                bl.len()
+            ));
+        }
+        if let Some((id, (b, o))) = bl
+            .iter()
+            .zip(ol)
+            .enumerate()
+            .find(|(_, (b, o))| b.to_bits() != o.to_bits())
+        {
+            return Err(format!(
+                "step {step}: logit of {id} is {o:e} instead of {b:e}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A real ggml `rpc-server` on a free loopback port, killed on drop: backend-rpc's interop
