@@ -52,7 +52,8 @@ tasks:
                              rpc-server unless RPC_SERVER_BIN is set): see src/prereq.rs
   doc                        cargo doc --workspace --no-deps with warnings denied
   insta-check                fail if a *.snap.new or *.pending-snap file exists
-  miri [CRATE...]            cargo +nightly miri test on the given crates, or on every
+  miri [CRATE...]            cargo miri test (the nightly pinned in xtask/miri-toolchain.toml)
+                             on the given crates, or on every
                              workspace crate whose src/ contains `unsafe`
   plan FILE.graph.json [--debug] [--svg OUT.svg] [--dot OUT.dot]
                              print the scheduler's plan for a graph file (plan-inspector);
@@ -166,8 +167,9 @@ fn test() -> Result {
     let use_nextest = env::var_os("XTASK_NO_NEXTEST").is_none() && nextest_installed();
     let mut cmd = cargo();
     if use_nextest {
-        // `--no-tests=warn`: a workspace whose only tests are doctests is not an error.
-        cmd.args(["nextest", "run", "--workspace", "--no-tests=warn"]);
+        // `--no-tests=fail`: a filter or a build change that leaves nothing to run is an error,
+        // not a green run.
+        cmd.args(["nextest", "run", "--workspace", "--no-tests=fail"]);
     } else {
         eprintln!("xtask: cargo-nextest not found, using cargo test");
         cmd.args(["test", "--workspace"]);
@@ -179,6 +181,24 @@ fn test() -> Result {
         // nextest does not run doctests.
         run(insta_env(cargo().args(["test", "--workspace", "--doc"])))?;
     }
+    isa_summary()
+}
+
+/// One line on stderr: which of the CPU kernels' instruction-set paths this machine ran in
+/// the tests, and why the others could not run (`cpu_kernels::isa_summary`).
+fn isa_summary() -> Result {
+    let out = cargo()
+        .args(["run", "-q", "-p", "cpu-kernels", "--example", "isa-paths"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo run --example isa-paths: {e}"))?;
+    if !out.status.success() {
+        return Err("cargo run -p cpu-kernels --example isa-paths failed".into());
+    }
+    eprintln!(
+        "xtask: ISA paths covered on this machine: {}",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
     Ok(())
 }
 
@@ -266,17 +286,20 @@ fn miri(crates: &[String]) -> Result {
         return Ok(());
     }
     eprintln!("xtask: Miri will test: {}", crates.join(", "));
+    let nightly = miri_toolchain()?;
+    eprintln!("xtask: Miri on {nightly} (xtask/miri-toolchain.toml)");
     run(Command::new("rustup").args([
-        "component",
-        "add",
-        "--toolchain",
-        "nightly",
-        "miri",
-        "rust-src",
+        "toolchain",
+        "install",
+        &nightly,
+        "--profile",
+        "minimal",
+        "--component",
+        "miri,rust-src",
     ]))?;
-    run(nightly_cargo().args(["miri", "setup"]))?;
+    run(nightly_cargo(&nightly).args(["miri", "setup"]))?;
     for krate in &crates {
-        let mut cmd = nightly_cargo();
+        let mut cmd = nightly_cargo(&nightly);
         cmd.args(["miri", "test", "-p", krate]);
         run(insta_env(&mut cmd))?;
     }
@@ -597,11 +620,23 @@ fn cargo() -> Command {
     cmd
 }
 
-/// `cargo +nightly` through the rustup proxy. The pinned toolchain's environment is removed so
-/// that rustup resolves `+nightly` itself.
-fn nightly_cargo() -> Command {
+/// The dated nightly Miri runs on: `channel` of `xtask/miri-toolchain.toml`.
+fn miri_toolchain() -> Result<String> {
+    let path = workspace_root().join("xtask/miri-toolchain.toml");
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.trim().strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .find(|v| v.starts_with("nightly-"))
+        .ok_or_else(|| format!("{}: no `channel = \"nightly-YYYY-MM-DD\"`", path.display()))
+}
+
+/// `cargo +<toolchain>` through the rustup proxy. The pinned toolchain's environment is
+/// removed so that rustup resolves the `+` toolchain itself.
+fn nightly_cargo(toolchain: &str) -> Command {
     let mut cmd = Command::new("cargo");
-    cmd.arg("+nightly")
+    cmd.arg(format!("+{toolchain}"))
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")
         .env_remove("RUSTDOC")

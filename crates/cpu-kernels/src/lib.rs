@@ -203,6 +203,7 @@
 mod exec;
 mod gexp;
 mod hdot;
+mod isa;
 mod math;
 mod mem;
 mod pool;
@@ -216,6 +217,8 @@ mod sgemm;
 
 #[doc(hidden)]
 pub mod doc_support;
+
+pub use isa::{IsaPath, isa_paths, isa_summary};
 
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -794,7 +794,7 @@ mod tests {
     /// Every byte value's high nibble, in every byte position, against a shift.
     #[test]
     fn high_nibbles_match_a_shift() {
-        if !super::has_gfni() || !super::available() {
+        if !crate::isa::test_gate("avx512-gfni") {
             return;
         }
         use std::arch::x86_64::{_mm512_loadu_si512, _mm512_storeu_si512};
@@ -829,7 +829,7 @@ mod tests {
     /// (and the AVX2 kernel's), with extreme bytes (−128, 127) in the weights and the column.
     #[test]
     fn eight_rows_one_column_match_every_level() {
-        if !super::available() {
+        if !crate::isa::test_gate("avx512") {
             return;
         }
         for kind in [WeightKind::Q4_1, WeightKind::Q8_0] {

@@ -195,10 +195,17 @@ impl Isa {
     pub(crate) fn available() -> Vec<Isa> {
         let mut v = vec![Isa::Scalar];
         let best = Isa::best();
-        if best != Isa::Scalar {
+        // The gates say on stderr which levels ran; `best` must agree with them.
+        if crate::isa::test_gate("avx2") {
+            assert_ne!(
+                best,
+                Isa::Scalar,
+                "the AVX2 path runs here, Isa::best says scalar"
+            );
             v.push(Isa::Avx2);
         }
-        if best == Isa::Avx512 {
+        if crate::isa::test_gate("avx512") {
+            assert_eq!(best, Isa::Avx512, "the AVX-512 path runs here");
             v.push(Isa::Avx512);
         }
         v
