@@ -12,9 +12,10 @@ fn le<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
 }
 
+/// Runs in CI (about a minute of naive loops in a debug build): the only check of the graph
+/// builder that does not go through our backends, so a graph-builder bug and a backend bug
+/// cannot hide each other.
 #[test]
-#[ignore = "naive loops take a minute or more in a debug build; run with --ignored to tell \
-            graph-builder bugs from backend bugs"]
 fn naive_evaluation_of_our_graph_matches_candle() {
     let Some(dir) = common::model_dir() else {
         return;
