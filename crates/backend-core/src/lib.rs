@@ -18,6 +18,7 @@ mod host;
 mod raw;
 mod registry;
 mod tensor;
+mod typed;
 mod weights;
 
 pub use backend::{Backend, BackendImpl, ComputeStatus, GraphPlan, Guid};
@@ -34,4 +35,5 @@ pub use tensor::{
     tensor_alloc, tensor_buffer, tensor_copy, tensor_copy_async, tensor_get, tensor_memset,
     tensor_set, view_init,
 };
+pub use typed::{TensorElement, TensorIoError, tensor_get_vec, tensor_set_slice};
 pub use weights::WeightBufferTypes;

@@ -9,33 +9,45 @@
 //!   wraps caller-owned memory (a read-only `memmap2::Mmap` of a weights file, a `Vec`) in a
 //!   `"CPU_Mapped"` buffer that keeps its owner alive, never frees it, and refuses writes to
 //!   read-only memory with [`backend_core::BackendError::ReadOnly`].
-//! * **Kernels.** set/get/memset/copy are single `copy_nonoverlapping` / `write_bytes` /
-//!   `copy` calls after one bounds check, i.e. `memcpy`/`memset` speed at every size; a copy
-//!   from another CPU buffer takes the buffer's `cpy_tensor` fast path.
+//! * **Buffer operations.** set/get/memset/copy are single `copy_nonoverlapping` /
+//!   `write_bytes` / `copy` calls after one bounds check, i.e. `memcpy`/`memset` speed at every
+//!   size; a copy from another CPU buffer takes the buffer's `cpy_tensor` fast path.
 //! * **Device and registry.** One device named `"CPU"` of type [`backend_core::DeviceType::Cpu`], its memory
 //!   from `/proc/meminfo` (0 where that is missing), in a registry named `"CPU"` that
-//!   [`register`] adds to the [`GlobalRegistry`] (idempotent).
-//! * **Backend.** [`CpuBackend`] has a thread count and an abort callback. Compute kernels
-//!   live in `cpu-kernels`; until they are wired in, graph compute succeeds on leafs and view
-//!   ops and reports any other op as [`backend_core::BackendError::UnsupportedOp`].
+//!   [`register`] adds to the [`GlobalRegistry`] (idempotent). Besides `"CPU"` it offers the
+//!   weight buffer type [`cpu_repack_buffer_type`] (`"CPU_REPACK"`), and it reads tensors in
+//!   any host buffer type and in `"CPU_REPACK"`.
+//! * **Compute.** [`CpuBackend`] computes graphs with the kernels of `cpu-kernels`
+//!   (`cpu_kernels::CpuCompute`) on a worker pool of its thread count (made on first compute,
+//!   remade only when more threads are asked for), node by node, polling its abort callback
+//!   between nodes; graph plans are supported. The device's `supports_op` is
+//!   `cpu_kernels::supports_op`: what it says yes to, `graph_compute` computes. Before any node
+//!   runs, a node whose result lies in read-only memory (a read-only mapping of a weights file)
+//!   is refused with [`backend_core::BackendError::ReadOnly`], since the kernels write through
+//!   raw pointers.
 //!
-//! All `unsafe` code is in one private module (the aligned allocation and the raw copies),
-//! every access bounds-checked; the aliasing contract is `backend_core::Buffer`'s.
+//! `unsafe` code is confined to the aligned allocation and the raw copies (`mem`), wrapping
+//! caller-owned memory (`buffer`) and glibc's allocator tuning calls
+//! ([`release_free_memory`] and its siblings); every access is bounds-checked and the aliasing
+//! contract is `backend_core::Buffer`'s.
 //!
 //! ```
-//! use backend_core::{GlobalRegistry, tensor_alloc, tensor_get, tensor_set};
-//! use graph::{Context, ElementType};
+//! use backend_core::{GlobalRegistry, tensor_alloc, tensor_get_vec, tensor_set_slice};
+//! use graph::{Context, ElementType, Graph};
 //!
 //! backend_cpu::register();
 //! let backend = GlobalRegistry::get().init_by_name("CPU", "n_threads=2")?;
 //! let buf = backend.alloc_buffer(1024)?;
 //! let mut ctx = Context::new();
-//! let t = ctx.new_tensor_1d(ElementType::F32, 4)?;
-//! tensor_alloc(&mut ctx, &buf, t, 64)?;
-//! tensor_set(&ctx, t, 0, &1.5f32.to_le_bytes())?;
-//! let mut out = [0u8; 4];
-//! tensor_get(&ctx, t, 0, &mut out)?;
-//! assert_eq!(f32::from_le_bytes(out), 1.5);
+//! let x = ctx.new_tensor_1d(ElementType::F32, 4)?;
+//! let y = ctx.scale(x, 2.0)?;
+//! tensor_alloc(&mut ctx, &buf, x, 0)?;
+//! tensor_alloc(&mut ctx, &buf, y, 64)?;
+//! tensor_set_slice(&ctx, x, &[1.5f32, -1.0, 0.0, 4.0])?;
+//! let mut graph = Graph::new(4);
+//! graph.build_forward_expand(&mut ctx, y)?;
+//! backend.graph_compute(&ctx, graph.as_view())?;
+//! assert_eq!(tensor_get_vec::<f32>(&ctx, y)?, [3.0, -2.0, 0.0, 8.0]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

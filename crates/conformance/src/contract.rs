@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use backend_core::{
     Backend, BackendError, Buffer, BufferType, BufferUsage, Device, tensor_alloc, tensor_copy,
-    tensor_copy_async, tensor_get, tensor_memset, tensor_set,
+    tensor_copy_async, tensor_get, tensor_get_vec, tensor_memset, tensor_set, tensor_set_slice,
 };
 use graph::{Context, ElementType, Graph, TensorId};
 use test_device::{TestDevice, TestDeviceConfig};
@@ -86,6 +86,11 @@ pub fn check_contract(backend: &Backend, host: Option<&Backend>) -> Report {
     let buft = backend.default_buffer_type();
     r.push("device/props", device_props(backend));
     r.push("buffer/alignment", alignment(&buft));
+    if buft.is_host() {
+        r.push("buffer/host-pointer", host_pointer(&buft));
+    } else {
+        r.skip("buffer/host-pointer", "the buffer type is not host memory");
+    }
     r.push("buffer/size-0", size_zero(&buft));
     if buft.max_size() == usize::MAX {
         r.skip("buffer/max-size", "unbounded");
@@ -124,7 +129,10 @@ pub fn check_contract(backend: &Backend, host: Option<&Backend>) -> Report {
     let name = "backend/compute-completes-before-synchronize";
     match compute_async(backend) {
         Ok(true) => r.push(name, Ok(())),
-        Ok(false) => r.skip(name, "SCALE is not supported"),
+        Ok(false) => r.skip(
+            name,
+            "none of SCALE, ADD, MUL, CPY, DUP is supported on a contiguous F32 vector",
+        ),
         Err(e) => r.push(name, Err(e)),
     }
     if backend.device().caps().events {
@@ -477,44 +485,113 @@ fn async_set_get(backend: &Backend) -> Check {
     Ok(())
 }
 
-/// y = x scaled by 2 eight times, computed asynchronously: 256·x once synchronize returns.
+/// The ops the asynchronous-compute check can chain, each giving `factor · x`: the first
+/// one the backend supports is used, so a backend without SCALE is still checked.
+#[derive(Clone, Copy, Debug)]
+enum Chain {
+    /// `scale(y, 2)`.
+    Scale,
+    /// `y + y`.
+    Add,
+    /// `y * two`, `two` an input of 2s.
+    Mul,
+    /// `cpy(y, fresh)`.
+    Cpy,
+    /// `dup(y)`.
+    Dup,
+}
+
+impl Chain {
+    const ALL: [Chain; 5] = [Chain::Scale, Chain::Add, Chain::Mul, Chain::Cpy, Chain::Dup];
+
+    /// What one link multiplies by.
+    fn factor(self) -> f32 {
+        match self {
+            Chain::Scale | Chain::Add | Chain::Mul => 2.0,
+            Chain::Cpy | Chain::Dup => 1.0,
+        }
+    }
+
+    fn link(self, ctx: &mut Context, y: TensorId, two: TensorId) -> Result<TensorId, String> {
+        match self {
+            Chain::Scale => ctx.scale(y, 2.0),
+            Chain::Add => ctx.add(y, y),
+            Chain::Mul => ctx.mul(y, two),
+            Chain::Cpy => {
+                let fresh = ctx.new_tensor_1d(ElementType::F32, 64).map_err(s)?;
+                ctx.cpy(y, fresh)
+            }
+            Chain::Dup => ctx.dup(y),
+        }
+        .map_err(s)
+    }
+}
+
+/// y = eight links of the first supported [`Chain`] op over x, computed asynchronously, with
+/// new input values every round: `factor⁸ · x` once synchronize returns. `Ok(false)` when the
+/// backend supports none of them.
 fn compute_async(backend: &Backend) -> Result<bool, String> {
-    let mut ctx = Context::new();
-    let x = ctx.new_tensor_1d(ElementType::F32, 64).map_err(s)?;
-    let mut y = x;
-    let mut chain = Vec::new();
-    for _ in 0..8 {
-        y = ctx.scale(y, 2.0).map_err(s)?;
-        chain.push(y);
+    for kind in Chain::ALL {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor_1d(ElementType::F32, 64).map_err(s)?;
+        let two = ctx.new_tensor_1d(ElementType::F32, 64).map_err(s)?;
+        let mut y = x;
+        let mut chain = Vec::new();
+        for _ in 0..8 {
+            y = kind.link(&mut ctx, y, two)?;
+            chain.push(y);
+        }
+        if chain.iter().all(|&t| backend.supports_op(&ctx, t)) {
+            compute_chain(backend, ctx, x, two, y, kind)?;
+            return Ok(true);
+        }
     }
-    if !backend.supports_op(&ctx, chain[0]) {
-        return Ok(false);
-    }
-    let mut g = Graph::new(16);
+    Ok(false)
+}
+
+fn compute_chain(
+    backend: &Backend,
+    mut ctx: Context,
+    x: TensorId,
+    two: TensorId,
+    y: TensorId,
+    kind: Chain,
+) -> Check {
+    let mut g = Graph::new(32);
     g.build_forward_expand(&mut ctx, y).map_err(s)?;
-    let a = backend.alignment();
-    let buf = backend.alloc_buffer(9 * up(256, a)).map_err(s)?;
-    tensor_alloc(&mut ctx, &buf, x, 0).map_err(s)?;
-    for (i, &t) in chain.iter().enumerate() {
-        tensor_alloc(&mut ctx, &buf, t, (i + 1) * up(256, a)).map_err(s)?;
+    let _buf = crate::ops::place_graph(&mut ctx, &g, backend)?;
+    let f = kind.factor().powi(8);
+    if matches!(kind, Chain::Mul) {
+        tensor_set_slice(&ctx, two, &[2.0f32; 64]).map_err(s)?;
     }
-    let xs: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
-    let bytes: Vec<u8> = xs.iter().flat_map(|v| v.to_le_bytes()).collect();
     for round in 0..4 {
-        tensor_set(&ctx, x, 0, &bytes).map_err(s)?;
+        let xs: Vec<f32> = (0..64).map(|i| (i - 20 + 100 * round) as f32).collect();
+        tensor_set_slice(&ctx, x, &xs).map_err(s)?;
         backend.graph_compute_async(&ctx, g.as_view()).map_err(s)?;
         backend.synchronize().map_err(s)?;
-        let out = read(&ctx, y)?;
-        for (i, c) in out.chunks_exact(4).enumerate() {
-            let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let out = tensor_get_vec::<f32>(&ctx, y).map_err(s)?;
+        for (i, &v) in out.iter().enumerate() {
             ensure!(
-                v == xs[i] * 256.0,
-                "round {round}: y[{i}] = {v}, want {}",
-                xs[i] * 256.0
+                v == xs[i] * f,
+                "{kind:?} chain, round {round}: y[{i}] = {v}, want {}",
+                xs[i] * f
             );
         }
     }
-    Ok(true)
+    Ok(())
+}
+
+/// A host buffer type's buffers have a host pointer: `is_host()` is the promise that others
+/// may read and write the bytes directly, which they do through `host_ptr()`.
+fn host_pointer(buft: &BufferType) -> Check {
+    let buf = buft.alloc_buffer(64).map_err(s)?;
+    ensure!(
+        buf.host_ptr().is_some(),
+        "buffer type {} says is_host() but its 64-byte buffer has no host_ptr(): host memory \
+         must be reachable through a host pointer",
+        buft.name()
+    );
+    Ok(())
 }
 
 fn event_record_sync(backend: &Backend) -> Check {

@@ -16,17 +16,17 @@
 //! against its own backend, with its own reference, so `cargo test` in that crate is the
 //! conformance run.
 //!
-//! ```no_run
-//! // In a backend crate's tests/conformance.rs:
-//! # fn my_backend() -> backend_core::Backend { unimplemented!() }
-//! # fn cpu_backend() -> backend_core::Backend { unimplemented!() }
-//! #[test]
-//! fn conformance() {
-//!     let backend = my_backend();
-//!     let cpu = cpu_backend();
-//!     conformance::check_contract(&backend, Some(&cpu)).assert_passed();
-//!     conformance::check_ops(&backend, &cpu, &conformance::OpOptions::default()).assert_passed();
-//! }
+//! ```
+//! // In a backend crate, this is the body of a test in tests/conformance.rs; the backend
+//! // under test here is the test device, the reference is the CPU backend.
+//! use test_device::{TestDevice, TestDeviceConfig};
+//!
+//! let backend = TestDevice::create(TestDeviceConfig::named("MINE"))?.init_backend("")?;
+//! let cpu = backend_cpu::init()?;
+//! conformance::check_contract(&backend, Some(&cpu)).assert_passed();
+//! let opts = conformance::OpOptions { filter: Some("SOFT_MAX".into()), ..Default::default() };
+//! conformance::check_ops(&backend, &cpu, &opts).assert_passed();
+//! # Ok::<(), backend_core::BackendError>(())
 //! ```
 
 mod contract;
@@ -40,3 +40,19 @@ pub use ops::{
     threshold as nmse_threshold,
 };
 pub use report::{Check, Outcome, Report};
+
+/// The code blocks of the workspace's `README.md` and `docs/*.md`, compiled and run as this
+/// crate's doctests so that the guides cannot drift from the API. This crate hosts them
+/// because its (dev-)dependencies cover every crate the snippets use. Blocks that are not Rust
+/// carry another language (`text`, `sh`, `toml`) and are not compiled.
+#[cfg(doctest)]
+mod workspace_docs {
+    #[doc = include_str!("../../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../../docs/architecture.md")]
+    struct Architecture;
+    #[doc = include_str!("../../../docs/writing-a-backend.md")]
+    struct WritingABackend;
+    #[doc = include_str!("../../../docs/benchmarks.md")]
+    struct Benchmarks;
+}

@@ -7,6 +7,12 @@
 //! differs by more than the op's NMSE threshold, when NaN/Inf appear on one side only, or when
 //! a guard region was overwritten. Cases the backend does not support are listed, not failed;
 //! cases the reference does not support are skipped.
+//!
+//! Element-wise ops (unary, binary, SQR, SQRT, SCALE) are also run in every type beyond F32
+//! that the backend claims through `supports_op` (F16, BF16): a claim is a promise, so it is
+//! checked, and types not claimed are not listed. Where the reference lacks the op in that
+//! type (the CPU computes element-wise ops in F32 only), it computes the op via F32 from the
+//! same inputs and rounds the result to the type, so the claim is still compared.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -794,7 +800,255 @@ pub fn check_ops(backend: &Backend, reference: &Backend, opts: &OpOptions) -> Op
         tracing::debug!(op = %result.op, desc = %result.desc, outcome = ?result.outcome, "op case");
         report.cases.push(result);
     }
+    typed_elementwise(backend, reference, opts, &mut rng, &mut report);
     report
+}
+
+/// An element-wise case over any element type: `build(ctx, ty, via_f32)` makes its inputs in
+/// `ty` and computes the op in `ty`, or, with `via_f32`, converts the inputs to F32, computes
+/// the op in F32 and converts the result back to `ty` (how a reference without the op in
+/// `ty` computes the same values).
+struct TypedSpec {
+    /// Description with `{ty}` where the type name goes.
+    desc: String,
+    build: TypedBuild,
+}
+
+type TypedBuild = Box<dyn Fn(&mut Context, ElementType, bool) -> Result<Built, GraphError>>;
+
+fn typed_spec(
+    desc: impl Into<String>,
+    build: impl Fn(&mut Context, ElementType, bool) -> Result<Built, GraphError> + 'static,
+) -> TypedSpec {
+    TypedSpec {
+        desc: desc.into(),
+        build: Box::new(build),
+    }
+}
+
+/// `x` itself, or `x` converted to F32 when computing via F32.
+fn lift(c: &mut Context, x: TensorId, via_f32: bool) -> Result<TensorId, GraphError> {
+    if !via_f32 {
+        return Ok(x);
+    }
+    let ne = c.get(x)?.ne();
+    let f = c.new_tensor(ElementType::F32, &ne)?;
+    c.cpy(x, f)
+}
+
+/// `y` itself, or `y` converted back to `ty` when computing via F32.
+fn lower(
+    c: &mut Context,
+    y: TensorId,
+    ty: ElementType,
+    via_f32: bool,
+) -> Result<TensorId, GraphError> {
+    if !via_f32 {
+        return Ok(y);
+    }
+    let ne = c.get(y)?.ne();
+    let t = c.new_tensor(ty, &ne)?;
+    c.cpy(y, t)
+}
+
+/// The element-wise ops (unary, binary with and without broadcast, SQR, SQRT, SCALE) in the
+/// types beyond F32 they may be claimed in. F32 is covered by [`cases`].
+fn typed_cases() -> Vec<TypedSpec> {
+    const SH: [i64; 4] = [16, 5, 3, 2];
+    let mut v = Vec::new();
+    for u in UnaryOp::ALL {
+        let range = if u == UnaryOp::Exp {
+            Fill::Uniform(-3.0, 3.0)
+        } else {
+            Fill::Uniform(-2.0, 2.0)
+        };
+        v.push(typed_spec(
+            format!("x=[16,5,3,2] {{ty}} ({})", u.name().to_lowercase()),
+            move |c, ty, via| {
+                let x = c.new_tensor(ty, &SH)?;
+                let xl = lift(c, x, via)?;
+                let y = c.unary(xl, u)?;
+                let y = lower(c, y, ty, via)?;
+                one(vec![(x, range)], y)
+            },
+        ));
+    }
+    for op in [Op::Add, Op::Sub, Op::Mul, Op::Div] {
+        let bfill = if op == Op::Div {
+            Fill::Uniform(0.5, 2.0)
+        } else {
+            U
+        };
+        for (bne, what) in [
+            ([16i64, 5, 3, 2], "same shape"),
+            ([16, 1, 3, 1], "broadcast"),
+        ] {
+            v.push(typed_spec(
+                format!("a=[16,5,3,2] b={bne:?} {{ty}} ({what})"),
+                move |c, ty, via| {
+                    let a = c.new_tensor(ty, &SH)?;
+                    let b = c.new_tensor(ty, &bne)?;
+                    let (al, bl) = (lift(c, a, via)?, lift(c, b, via)?);
+                    let y = match op {
+                        Op::Add => c.add(al, bl),
+                        Op::Sub => c.sub(al, bl),
+                        Op::Mul => c.mul(al, bl),
+                        _ => c.div(al, bl),
+                    }?;
+                    let y = lower(c, y, ty, via)?;
+                    one(vec![(a, U), (b, bfill)], y)
+                },
+            ));
+        }
+    }
+    for (op, range) in [
+        (Op::Sqr, Fill::Uniform(-2.0, 2.0)),
+        (Op::Sqrt, Fill::Uniform(0.0, 4.0)),
+        (Op::Scale, U),
+    ] {
+        v.push(typed_spec(
+            format!("x=[16,5,3,2] {{ty}} ({})", op.name().to_lowercase()),
+            move |c, ty, via| {
+                let x = c.new_tensor(ty, &SH)?;
+                let xl = lift(c, x, via)?;
+                let y = match op {
+                    Op::Sqr => c.sqr(xl),
+                    Op::Sqrt => c.sqrt(xl),
+                    _ => c.scale(xl, 0.75),
+                }?;
+                let y = lower(c, y, ty, via)?;
+                one(vec![(x, range)], y)
+            },
+        ));
+    }
+    v
+}
+
+/// Whether `backend` computes every computed node of `g`.
+fn supports_graph(backend: &Backend, ctx: &Context, g: &Graph) -> bool {
+    g.nodes()
+        .iter()
+        .filter(|&&n| !(ctx[n].op() == Op::None || ctx[n].op().is_view_op()))
+        .all(|&n| backend.supports_op(ctx, n))
+}
+
+/// The element-wise cases in every type beyond F32 the backend claims (its `supports_op`
+/// says yes). Types it does not claim are not listed: they are not part of what it offers.
+/// When the reference computes the op in that type too, the case runs like any other;
+/// otherwise the reference computes it via F32 from the same inputs and the results are
+/// compared (without guard bytes, which only the node-by-node comparison places).
+fn typed_elementwise(
+    backend: &Backend,
+    reference: &Backend,
+    opts: &OpOptions,
+    rng: &mut Rng,
+    report: &mut OpReport,
+) {
+    for s in typed_cases() {
+        for ty in [ElementType::F16, ElementType::BF16] {
+            let mut ctx = Context::new();
+            let Ok(b) = (s.build)(&mut ctx, ty, false) else {
+                continue; // the op cannot be built in this type: nobody can claim it
+            };
+            let op = op_label(ctx[b.out].op());
+            if let Some(f) = &opts.filter
+                && !op.contains(f.as_str())
+            {
+                continue;
+            }
+            let mut g = Graph::new(16);
+            if g.build_forward_expand(&mut ctx, b.out).is_err()
+                || !supports_graph(backend, &ctx, &g)
+            {
+                continue;
+            }
+            let mut result = CaseResult {
+                op,
+                desc: s.desc.replace("{ty}", &ty_name(ty)),
+                outcome: CaseOutcome::Passed { max_nmse: 0.0 },
+                perf: None,
+            };
+            if supports_graph(reference, &ctx, &g) {
+                run_case(&mut ctx, b, backend, reference, opts, rng, &mut result);
+            } else {
+                result.desc.push_str(" (reference via f32)");
+                result.outcome =
+                    match run_via_f32(&s, ty, (ctx, g, b), backend, reference, opts, rng) {
+                        Ok(outcome) => outcome,
+                        Err(e) => CaseOutcome::Failed(e),
+                    };
+            }
+            tracing::debug!(op = %result.op, desc = %result.desc, outcome = ?result.outcome, "op case");
+            report.cases.push(result);
+        }
+    }
+}
+
+/// Compute the case on `backend` in `ty` and on `reference` via F32, from the same input
+/// values, and compare the outputs.
+fn run_via_f32(
+    s: &TypedSpec,
+    ty: ElementType,
+    (mut ctx, g, b): (Context, Graph, Built),
+    backend: &Backend,
+    reference: &Backend,
+    opts: &OpOptions,
+    rng: &mut Rng,
+) -> Result<CaseOutcome, String> {
+    let mut rctx = Context::new();
+    let rb = (s.build)(&mut rctx, ty, true).map_err(|e| e.to_string())?;
+    let mut rg = Graph::new(32);
+    rg.build_forward_expand(&mut rctx, rb.out)
+        .map_err(|e| e.to_string())?;
+    if !supports_graph(reference, &rctx, &rg) {
+        return Ok(CaseOutcome::ReferenceUnsupported);
+    }
+    let _buf = place_graph(&mut ctx, &g, backend).map_err(|e| format!("allocating: {e}"))?;
+    let _rbuf = place_graph(&mut rctx, &rg, reference).map_err(|e| format!("allocating: {e}"))?;
+    for (&(t, fill), &(rt, _)) in b.inputs.iter().zip(&rb.inputs) {
+        let vals = input_values(fill, ctx[t].nelements() as usize, rng);
+        write_values(&ctx, t, &vals).map_err(|e| format!("writing inputs: {e}"))?;
+        write_values(&rctx, rt, &vals).map_err(|e| format!("writing inputs: {e}"))?;
+    }
+    backend
+        .graph_compute(&ctx, g.as_view())
+        .map_err(|e| format!("{}: {e}", backend.name()))?;
+    reference
+        .graph_compute(&rctx, rg.as_view())
+        .map_err(|e| format!("{}: {e}", reference.name()))?;
+    let read = |c: &Context, t: TensorId| match read_values(c, t) {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err("result type has no values".to_owned()),
+        Err(e) => Err(format!("reading results: {e}")),
+    };
+    let (want, got) = (read(&rctx, rb.out)?, read(&ctx, b.out)?);
+    let limit = threshold(&ctx, b.out) * opts.tolerance_scale;
+    Ok(match nmse(&want, &got) {
+        Ok(e) if e <= limit => CaseOutcome::Passed { max_nmse: e },
+        Ok(e) => CaseOutcome::Failed(format!(
+            "{}: nmse {e:.3e} > {limit:.1e}",
+            op_label(ctx[b.out].op())
+        )),
+        Err(m) => CaseOutcome::Failed(format!("{}: {m:?}", op_label(ctx[b.out].op()))),
+    })
+}
+
+/// `n` input values drawn as `fill` says.
+fn input_values(fill: Fill, n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n)
+        .map(|i| match fill {
+            Fill::Uniform(lo, hi) => rng.uniform(lo, hi),
+            Fill::Index(k) => rng.uniform(0.0, k as f32).floor().min(k as f32 - 1.0),
+            Fill::Causal { n_kv, past } => {
+                let (row, c) = (i / n_kv as usize, i % n_kv as usize);
+                if c <= past as usize + row {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }
+        })
+        .collect()
 }
 
 fn run_case(
@@ -838,21 +1092,7 @@ fn run_case(
         }
     };
     for &(t, fill) in &b.inputs {
-        let n = ctx[t].nelements() as usize;
-        let vals: Vec<f32> = (0..n)
-            .map(|i| match fill {
-                Fill::Uniform(lo, hi) => rng.uniform(lo, hi),
-                Fill::Index(k) => rng.uniform(0.0, k as f32).floor().min(k as f32 - 1.0),
-                Fill::Causal { n_kv, past } => {
-                    let (row, c) = (i / n_kv as usize, i % n_kv as usize);
-                    if c <= past as usize + row {
-                        0.0
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                }
-            })
-            .collect();
+        let vals = input_values(fill, ctx[t].nelements() as usize, rng);
         if let Err(e) = write_values(ctx, t, &vals) {
             result.outcome = CaseOutcome::Failed(format!("writing inputs: {e}"));
             return;

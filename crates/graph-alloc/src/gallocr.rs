@@ -256,9 +256,8 @@ struct Settled {
 /// ```
 /// use graph::{Context, ElementType, Graph};
 /// use graph_alloc::{AllocError, GraphAllocator};
-/// use test_fixtures::FakeBufferType;
 ///
-/// let buft = FakeBufferType::new("host", 32).into_buffer_type();
+/// let buft = backend_cpu::cpu_buffer_type();
 /// let mut ctx = Context::new();
 /// let x = ctx.new_tensor_1d(ElementType::F32, 64)?;
 /// ctx.set_input(x)?;

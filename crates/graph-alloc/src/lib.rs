@@ -32,9 +32,8 @@
 //! ```
 //! use graph::{Context, ElementType, Graph};
 //! use graph_alloc::GraphAllocator;
-//! use test_fixtures::FakeBufferType; // a buffer type without memory; any BufferType works
 //!
-//! let buft = FakeBufferType::new("host", 32).into_buffer_type();
+//! let buft = backend_cpu::cpu_buffer_type(); // any BufferType works; the CPU's aligns to 64
 //! let mut ctx = Context::new();
 //! let a = ctx.new_tensor_1d(ElementType::F32, 100)?;
 //! ctx.set_input(a)?;
@@ -46,9 +45,9 @@
 //! let mut galloc = GraphAllocator::new(&[buft]);
 //! galloc.alloc_graph(&mut ctx, &graph)?; // plans on first use (one buffer type)
 //! assert_eq!(ctx[a].storage().unwrap().offset, 0);
-//! assert_eq!(ctx[b].storage().unwrap().offset, 416); // 400 bytes padded to 32
+//! assert_eq!(ctx[b].storage().unwrap().offset, 448); // 400 bytes padded to 64
 //! assert_eq!(ctx[c].storage().unwrap().offset, 0);   // in place over `a`
-//! assert_eq!(galloc.buffer_size(0), 832);
+//! assert_eq!(galloc.buffer_size(0), 896);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

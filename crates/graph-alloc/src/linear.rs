@@ -20,18 +20,16 @@ use crate::pad;
 /// ```
 /// use graph::{Context, ElementType};
 /// use graph_alloc::LinearAllocator;
-/// use test_fixtures::FakeBufferType;
 ///
-/// let buft = FakeBufferType::new("host", 32).into_buffer_type();
-/// let buffer = buft.alloc_buffer(1024)?;
+/// let buffer = backend_cpu::cpu_buffer_type().alloc_buffer(1024)?; // alignment 64
 /// let mut ctx = Context::new();
-/// let a = ctx.new_tensor_1d(ElementType::F32, 100)?; // 400 bytes → 416 padded
+/// let a = ctx.new_tensor_1d(ElementType::F32, 100)?; // 400 bytes → 448 padded
 /// let b = ctx.new_tensor_1d(ElementType::F32, 10)?;
 /// let mut la = LinearAllocator::new(&buffer)?;
 /// la.alloc(&mut ctx, a)?;
 /// la.alloc(&mut ctx, b)?;
-/// assert_eq!(ctx[b].storage().unwrap().offset, 416);
-/// assert_eq!(la.offset(), 416 + 64);
+/// assert_eq!(ctx[b].storage().unwrap().offset, 448);
+/// assert_eq!(la.offset(), 448 + 64);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -103,9 +101,11 @@ impl LinearAllocator {
 /// ```
 /// use graph::{Context, ElementType};
 /// use graph_alloc::alloc_ctx_tensors;
-/// use test_fixtures::FakeBufferType;
+/// use test_device::{TestDevice, TestDeviceConfig};
 ///
-/// let buft = FakeBufferType::new("host", 32).with_max_size(1000).into_buffer_type();
+/// // The CPU buffer type has no maximum size; the test device's is configurable.
+/// let config = TestDeviceConfig::named("SMALL").alignment(32).max_buffer_size(1000);
+/// let buft = TestDevice::create(config)?.buffer_type();
 /// let mut ctx = Context::new();
 /// let t0 = ctx.new_tensor_1d(ElementType::F32, 200)?; // 800 bytes
 /// let t1 = ctx.new_tensor_1d(ElementType::F32, 100)?; // 416 bytes: a second buffer
