@@ -504,7 +504,7 @@ fn rpc_soak(args: &[String]) -> Result {
         "build",
         "--release",
         "-p",
-        "backend-rpc",
+        "backend-rpc-server",
         "--bin",
         "rpc-server",
     ]))?;
@@ -513,7 +513,7 @@ fn rpc_soak(args: &[String]) -> Result {
             "run",
             "--release",
             "-p",
-            "backend-rpc",
+            "backend-rpc-server",
             "--example",
             "rpc_soak",
             "--",

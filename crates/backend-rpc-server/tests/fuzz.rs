@@ -9,13 +9,13 @@
 //! Case counts: `cargo test` runs 2,000 cases; under CI (`CI` set, as `cargo xtask ci` and
 //! `cargo xtask test` do) 10^5 cases, about 75 s in a debug build on one core. `RPC_FUZZ_CASES`
 //! overrides both; for long runs use a release build:
-//! `RPC_FUZZ_CASES=10000000 cargo test --release -p backend-rpc --test fuzz`; measured on the
+//! `RPC_FUZZ_CASES=10000000 cargo test --release -p backend-rpc-server --test fuzz`; measured on the
 //! 2-core CI machine: 10^5 cases in 2 s and 10^6 in 21 s (release), so 10^7 takes ~3.5 min.
 
 mod common;
 
 use backend_rpc::wire::{Command, GraphMessage, RpcTensor};
-use backend_rpc::{ServerConfig, Session};
+use backend_rpc_server::{ServerConfig, Session};
 use proptest::prelude::*;
 
 const BASE: u64 = 1 << 40;

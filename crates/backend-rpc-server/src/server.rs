@@ -39,8 +39,8 @@ use std::time::Duration;
 use backend_core::{Backend, BackendError, Buffer, Device};
 use graph::{Context, ElementType, GraphError, GraphView, Op, RopeParams, TensorFlags, TensorId};
 
-use crate::mapping::{op_from_wire, type_from_wire};
-use crate::wire::{
+use backend_rpc::mapping::{op_from_wire, type_from_wire};
+use backend_rpc::wire::{
     CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, RPC_TENSOR_SIZE,
     Reader, RpcTensor, SET_TENSOR_FIXED, WireError,
 };
@@ -48,7 +48,7 @@ use crate::wire::{
 /// Limits and settings of a server.
 ///
 /// ```
-/// use backend_rpc::ServerConfig;
+/// use backend_rpc_server::ServerConfig;
 /// let cfg = ServerConfig { max_clients: 4, ..ServerConfig::default() };
 /// assert!(cfg.max_buffer_size <= cfg.max_client_memory);
 /// assert!(cfg.max_client_memory <= cfg.max_server_memory);
@@ -220,7 +220,7 @@ impl std::fmt::Debug for Server {
 /// client connection.
 ///
 /// ```no_run
-/// use backend_rpc::{Server, ServerConfig};
+/// use backend_rpc_server::{Server, ServerConfig};
 /// # fn dev() -> backend_core::Device { unimplemented!() }
 /// let device = dev();
 /// let d2 = device.clone();
@@ -294,7 +294,7 @@ impl Server {
     /// Bytes all sessions hold in buffers now (returns to 0 when every client is gone).
     ///
     /// ```
-    /// # use backend_rpc::{Server, ServerConfig};
+    /// # use backend_rpc_server::{Server, ServerConfig};
     /// let dev = backend_cpu::cpu_device();
     /// let server = Server::new(dev, std::sync::Arc::new(backend_cpu::init), ServerConfig::default());
     /// assert_eq!(server.held_bytes(), 0);
