@@ -527,7 +527,7 @@ fn rpc_soak(args: &[String]) -> Result {
         "build",
         "--release",
         "-p",
-        "backend-rpc",
+        "backend-rpc-server",
         "--bin",
         "rpc-server",
     ]))?;
@@ -536,7 +536,7 @@ fn rpc_soak(args: &[String]) -> Result {
             "run",
             "--release",
             "-p",
-            "backend-rpc",
+            "backend-rpc-server",
             "--example",
             "rpc_soak",
             "--",

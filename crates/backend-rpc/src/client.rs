@@ -29,8 +29,11 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::mapping::{op_to_wire, type_to_wire};
 use crate::wire::{
-    CONN_CAPS_SIZE, Command, FLAG_COMPUTE, GraphMessage, PROTO_MAJOR, PROTO_MINOR, RpcTensor,
-    put_header,
+    AllocBufferRequest, BufferClearRequest, BufferGetBaseRequest, Command, CopyTensorRequest,
+    DeviceCountRequest, FLAG_COMPUTE, FixedPayload, FreeBufferRequest, GetAlignmentRequest,
+    GetAllocSizeRequest, GetDeviceMemoryRequest, GetMaxSizeRequest, GetTensorRequest, GraphMessage,
+    HelloRequest, MemsetTensorRequest, NoResponse, PROTO_MAJOR, PROTO_MINOR, Payload, Request,
+    RpcTensor, SetTensorRequest, WireError, put_header,
 };
 
 /// Connection settings.
@@ -137,6 +140,16 @@ pub enum RpcError {
         /// Requested size.
         size: usize,
     },
+    /// The server's answer has the right size but does not decode; the connection is closed.
+    #[error("{endpoint}: {cmd} answer: {error}")]
+    Malformed {
+        /// The endpoint.
+        endpoint: String,
+        /// The command.
+        cmd: Command,
+        /// What is wrong with it.
+        error: WireError,
+    },
     /// A tensor cannot be described on the wire (or refers to memory of another server).
     #[error("tensor {tensor:?} cannot be sent: {why}")]
     Unsendable {
@@ -211,9 +224,8 @@ impl Conn {
             stream: Mutex::new(Some(stream)),
             pending: AtomicBool::new(false),
         });
-        let mut resp = [0u8; 4 + CONN_CAPS_SIZE];
-        conn.call(Command::Hello, &[&[0u8; CONN_CAPS_SIZE]], &mut resp)?;
-        let (major, minor, patch) = (resp[0], resp[1], resp[2]);
+        let hello = conn.call(&HelloRequest::default())?;
+        let (major, minor, patch) = (hello.major, hello.minor, hello.patch);
         if major != PROTO_MAJOR || minor > PROTO_MINOR {
             conn.close();
             return Err(RpcError::Version {
@@ -307,34 +319,45 @@ impl Conn {
         result
     }
 
-    fn send(&self, cmd: Command, parts: &[&[u8]]) -> Result<(), RpcError> {
-        self.exchange(cmd, parts, None)
+    /// Send a request the server does not answer, with `data` after its payload (only
+    /// SET_TENSOR has any).
+    fn send<R: Request<Response = NoResponse>>(
+        &self,
+        req: &R,
+        data: &[u8],
+    ) -> Result<(), RpcError> {
+        self.exchange(R::COMMAND, &[&req.to_bytes(), data], None)
     }
 
-    fn call(&self, cmd: Command, parts: &[&[u8]], resp: &mut [u8]) -> Result<(), RpcError> {
-        self.exchange(cmd, parts, Some(resp))
-    }
-
-    fn call_u64(&self, cmd: Command, parts: &[&[u8]]) -> Result<u64, RpcError> {
-        let mut r = [0u8; 8];
-        self.call(cmd, parts, &mut r)?;
-        Ok(u64::from_le_bytes(r))
+    /// Send a request and decode its fixed-size answer.
+    fn call<R>(&self, req: &R) -> Result<R::Response, RpcError>
+    where
+        R: Request,
+        R::Response: FixedPayload,
+    {
+        let mut resp = vec![0u8; R::Response::SIZE];
+        self.exchange(R::COMMAND, &[&req.to_bytes()], Some(&mut resp))?;
+        R::Response::decode(&resp).map_err(|error| {
+            self.close();
+            RpcError::Malformed {
+                endpoint: self.endpoint.clone(),
+                cmd: R::COMMAND,
+                error,
+            }
+        })
     }
 
     /// Wait until everything sent so far was processed (a DEVICE_COUNT round trip), if
     /// anything without an answer was sent.
     fn sync(&self) -> Result<(), RpcError> {
         if self.pending.load(Ordering::Relaxed) {
-            let mut r = [0u8; 4];
-            self.call(Command::DeviceCount, &[], &mut r)?;
+            self.call(&DeviceCountRequest {})?;
         }
         Ok(())
     }
 
     fn device_count(&self) -> Result<u32, RpcError> {
-        let mut r = [0u8; 4];
-        self.call(Command::DeviceCount, &[], &mut r)?;
-        Ok(u32::from_le_bytes(r))
+        Ok(self.call(&DeviceCountRequest {})?.count)
     }
 }
 
@@ -422,9 +445,8 @@ pub(crate) struct RpcDeviceImpl {
 
 impl RpcDeviceImpl {
     fn create(conn: Arc<Conn>, index: u32) -> Result<Device, RpcError> {
-        let dev = index.to_le_bytes();
-        let alignment = conn.call_u64(Command::GetAlignment, &[&dev])?;
-        let max_size = conn.call_u64(Command::GetMaxSize, &[&dev])?;
+        let alignment = conn.call(&GetAlignmentRequest { device: index })?.alignment;
+        let max_size = conn.call(&GetMaxSizeRequest { device: index })?.max_size;
         if alignment == 0 || !alignment.is_power_of_two() || alignment > 1 << 20 {
             conn.close();
             return Err(RpcError::BadEndpoint {
@@ -546,17 +568,14 @@ impl DeviceImpl for RpcDeviceImpl {
         &self.description
     }
     fn memory(&self) -> (usize, usize) {
-        let mut r = [0u8; 16];
-        match self.conn.call(
-            Command::GetDeviceMemory,
-            &[&self.index.to_le_bytes()],
-            &mut r,
-        ) {
-            Ok(()) => {
-                let free = u64::from_le_bytes(r[..8].try_into().unwrap_or_default());
-                let total = u64::from_le_bytes(r[8..].try_into().unwrap_or_default());
-                (free as usize, total as usize)
-            }
+        match self
+            .conn
+            .call(&GetDeviceMemoryRequest { device: self.index })
+        {
+            Ok(m) => (
+                usize::try_from(m.free).unwrap_or(usize::MAX),
+                usize::try_from(m.total).unwrap_or(usize::MAX),
+            ),
             Err(e) => {
                 tracing::warn!(device = %self.name, error = %e, "GET_DEVICE_MEMORY failed");
                 (0, 0)
@@ -600,15 +619,14 @@ impl BufferTypeImpl for RpcBufferType {
         &self.name
     }
     fn alloc_buffer(&self, size: usize) -> backend_core::Result<Box<dyn BufferImpl>> {
-        let mut payload = [0u8; 12];
-        payload[..4].copy_from_slice(&self.index.to_le_bytes());
-        payload[4..].copy_from_slice(&(size as u64).to_le_bytes());
-        let mut r = [0u8; 16];
-        self.conn
-            .call(Command::AllocBuffer, &[&payload], &mut r)
+        let r = self
+            .conn
+            .call(&AllocBufferRequest {
+                device: self.index,
+                size: size as u64,
+            })
             .map_err(|e| e.to_backend(&self.name))?;
-        let handle = u64::from_le_bytes(r[..8].try_into().unwrap_or_default());
-        let remote_size = u64::from_le_bytes(r[8..].try_into().unwrap_or_default());
+        let (handle, remote_size) = (r.remote_ptr, r.remote_size);
         if handle == 0 {
             return Err(BackendError::AllocationFailed {
                 buffer_type: self.name.clone(),
@@ -631,8 +649,9 @@ impl BufferTypeImpl for RpcBufferType {
         }
         buf.base = self
             .conn
-            .call_u64(Command::BufferGetBase, &[&handle.to_le_bytes()])
-            .map_err(|e| e.to_backend(&self.name))?;
+            .call(&BufferGetBaseRequest { remote_ptr: handle })
+            .map_err(|e| e.to_backend(&self.name))?
+            .base_ptr;
         if buf.base.checked_add(remote_size).is_none() {
             return Err(BackendError::failed(
                 &self.name,
@@ -656,14 +675,13 @@ impl BufferTypeImpl for RpcBufferType {
         let Ok(w) = to_wire(tensor, None, None) else {
             return tensor.nbytes();
         };
-        let mut payload = Vec::with_capacity(crate::wire::GET_ALLOC_SIZE_SIZE);
-        payload.extend_from_slice(&self.index.to_le_bytes());
-        w.encode(&mut payload);
-        for _ in 0..10 {
-            RpcTensor::default().encode(&mut payload);
-        }
-        match self.conn.call_u64(Command::GetAllocSize, &[&payload]) {
-            Ok(n) => usize::try_from(n)
+        let req = GetAllocSizeRequest {
+            device: self.index,
+            tensor: w,
+            srcs: [RpcTensor::default(); 10],
+        };
+        match self.conn.call(&req) {
+            Ok(n) => usize::try_from(n.alloc_size)
                 .unwrap_or(usize::MAX)
                 .max(tensor.nbytes()),
             Err(e) => {
@@ -708,10 +726,10 @@ impl RpcBuffer {
 
 impl Drop for RpcBuffer {
     fn drop(&mut self) {
-        if let Err(e) = self
-            .conn
-            .send(Command::FreeBuffer, &[&self.handle.to_le_bytes()])
-        {
+        let req = FreeBufferRequest {
+            remote_ptr: self.handle,
+        };
+        if let Err(e) = self.conn.send(&req, &[]) {
             tracing::debug!(buffer = %self.name, error = %e, "FREE_BUFFER not sent");
         }
     }
@@ -725,24 +743,24 @@ impl BufferImpl for RpcBuffer {
         offset: usize,
         size: usize,
     ) -> backend_core::Result<()> {
-        let w = self.wire(tensor)?;
-        let mut p = Vec::with_capacity(crate::wire::RPC_TENSOR_SIZE + 17);
-        w.encode(&mut p);
-        p.extend_from_slice(&(offset as u64).to_le_bytes());
-        p.extend_from_slice(&(size as u64).to_le_bytes());
-        p.push(value);
+        let req = MemsetTensorRequest {
+            tensor: self.wire(tensor)?,
+            offset: offset as u64,
+            size: size as u64,
+            value,
+        };
         self.conn
-            .send(Command::MemsetTensor, &[&p])
+            .send(&req, &[])
             .map_err(|e| e.to_backend(&self.name))
     }
     fn set_tensor(&self, tensor: &Tensor, offset: usize, data: &[u8]) -> backend_core::Result<()> {
-        let w = self.wire(tensor)?;
-        let mut p = Vec::with_capacity(crate::wire::SET_TENSOR_FIXED);
-        w.encode(&mut p);
-        p.push(0);
-        p.extend_from_slice(&(offset as u64).to_le_bytes());
+        let req = SetTensorRequest {
+            tensor: self.wire(tensor)?,
+            cache: false,
+            offset: offset as u64,
+        };
         self.conn
-            .send(Command::SetTensor, &[&p, data])
+            .send(&req, data)
             .map_err(|e| e.to_backend(&self.name))
     }
     fn get_tensor(
@@ -751,13 +769,14 @@ impl BufferImpl for RpcBuffer {
         offset: usize,
         data: &mut [u8],
     ) -> backend_core::Result<()> {
-        let w = self.wire(tensor)?;
-        let mut p = Vec::with_capacity(crate::wire::RPC_TENSOR_SIZE + 16);
-        w.encode(&mut p);
-        p.extend_from_slice(&(offset as u64).to_le_bytes());
-        p.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        let req = GetTensorRequest {
+            tensor: self.wire(tensor)?,
+            offset: offset as u64,
+            size: data.len() as u64,
+        };
+        // The answer is the bytes themselves: read straight into `data`.
         self.conn
-            .call(Command::GetTensor, &[&p], data)
+            .exchange(GetTensorRequest::COMMAND, &[&req.to_bytes()], Some(data))
             .map_err(|e| e.to_backend(&self.name))
     }
     fn cpy_tensor(&self, src: &Tensor, dst: &Tensor) -> backend_core::Result<bool> {
@@ -773,23 +792,20 @@ impl BufferImpl for RpcBuffer {
         if !Arc::ptr_eq(&sb.conn, &self.conn) {
             return Ok(false);
         }
-        let ws = sb.wire(src)?;
-        let wd = self.wire(dst)?;
-        let mut p = Vec::with_capacity(2 * crate::wire::RPC_TENSOR_SIZE);
-        ws.encode(&mut p);
-        wd.encode(&mut p);
-        let mut r = [0u8; 1];
-        self.conn
-            .call(Command::CopyTensor, &[&p], &mut r)
-            .map_err(|e| e.to_backend(&self.name))?;
-        Ok(r[0] != 0)
+        let req = CopyTensorRequest {
+            src: sb.wire(src)?,
+            dst: self.wire(dst)?,
+        };
+        let r = self.conn.call(&req).map_err(|e| e.to_backend(&self.name))?;
+        Ok(r.copied)
     }
     fn clear(&self, value: u8) -> backend_core::Result<()> {
-        let mut p = [0u8; 9];
-        p[..8].copy_from_slice(&self.handle.to_le_bytes());
-        p[8] = value;
+        let req = BufferClearRequest {
+            remote_ptr: self.handle,
+            value,
+        };
         self.conn
-            .send(Command::BufferClear, &[&p])
+            .send(&req, &[])
             .map_err(|e| e.to_backend(&self.name))
     }
     fn base_address(&self) -> u64 {
@@ -937,7 +953,7 @@ impl BackendImpl for RpcBackend {
             .map_err(|e| e.to_backend(&self.name))?;
         let bytes = msg.encode();
         self.conn
-            .send(Command::GraphCompute, &[&bytes])
+            .exchange(Command::GraphCompute, &[&bytes], None)
             .map_err(|e| e.to_backend(&self.name))?;
         Ok(ComputeStatus::Success)
     }

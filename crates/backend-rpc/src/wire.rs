@@ -9,6 +9,12 @@
 //! Framing: a request is `cmd: u8 | size: u64 | payload`; a response (only for some commands)
 //! is `size: u64 | payload`. There are no error responses: a server that dislikes a request
 //! closes the connection.
+//!
+//! Every command's request and response payload is one struct here (`AllocBufferRequest`,
+//! `AllocBufferResponse`, …; GRAPH_COMPUTE's is [`GraphMessage`]), with one `encode` and one
+//! `decode` ([`Payload`]) that the client and the server both use: a field order written
+//! once cannot disagree between the two sides, and the tests check each struct against the
+//! bytes ggml's own client and server exchanged.
 
 use std::fmt;
 
@@ -30,10 +36,11 @@ pub const GGML_TYPE_COUNT: u32 = 43;
 pub const FLAG_COMPUTE: i32 = 16;
 /// Request header size: command byte plus payload size.
 pub const REQUEST_HEADER_SIZE: usize = 9;
-/// Fixed part of a SET_TENSOR payload before the data: tensor, cache flag, offset.
-pub const SET_TENSOR_FIXED: usize = RPC_TENSOR_SIZE + 1 + 8;
-/// Size of a GET_ALLOC_SIZE payload: device, tensor and ten sources.
-pub const GET_ALLOC_SIZE_SIZE: usize = 4 + RPC_TENSOR_SIZE * 11;
+/// Fixed part of a SET_TENSOR payload before the data: tensor, cache flag, offset
+/// ([`SetTensorRequest`]).
+pub const SET_TENSOR_FIXED: usize = SetTensorRequest::SIZE;
+/// Size of a GET_ALLOC_SIZE payload: device, tensor and ten sources ([`GetAllocSizeRequest`]).
+pub const GET_ALLOC_SIZE_SIZE: usize = GetAllocSizeRequest::SIZE;
 
 /// The commands (`enum rpc_cmd`), numbered as on the wire.
 ///
@@ -132,17 +139,22 @@ impl Command {
     pub fn fixed_request_size(self) -> Option<usize> {
         use Command::*;
         Some(match self {
-            AllocBuffer => 12,
-            GetAlignment | GetMaxSize | GetDeviceMemory | GraphRecompute => 4,
-            BufferGetBase | FreeBuffer => 8,
-            BufferClear => 9,
-            SetTensorHash | GetTensor => RPC_TENSOR_SIZE + 16,
-            CopyTensor => 2 * RPC_TENSOR_SIZE,
-            InitTensor => RPC_TENSOR_SIZE,
-            GetAllocSize => GET_ALLOC_SIZE_SIZE,
-            Hello => CONN_CAPS_SIZE,
-            DeviceCount => 0,
-            MemsetTensor => RPC_TENSOR_SIZE + 17,
+            AllocBuffer => AllocBufferRequest::SIZE,
+            GetAlignment => GetAlignmentRequest::SIZE,
+            GetMaxSize => GetMaxSizeRequest::SIZE,
+            GetDeviceMemory => GetDeviceMemoryRequest::SIZE,
+            GraphRecompute => GraphRecomputeRequest::SIZE,
+            BufferGetBase => BufferGetBaseRequest::SIZE,
+            FreeBuffer => FreeBufferRequest::SIZE,
+            BufferClear => BufferClearRequest::SIZE,
+            SetTensorHash => SetTensorHashRequest::SIZE,
+            GetTensor => GetTensorRequest::SIZE,
+            CopyTensor => CopyTensorRequest::SIZE,
+            InitTensor => InitTensorRequest::SIZE,
+            GetAllocSize => GetAllocSizeRequest::SIZE,
+            Hello => HelloRequest::SIZE,
+            DeviceCount => DeviceCountRequest::SIZE,
+            MemsetTensor => MemsetTensorRequest::SIZE,
             SetTensor | GraphCompute => return None,
         })
     }
@@ -152,12 +164,18 @@ impl Command {
     pub fn fixed_response_size(self) -> Option<usize> {
         use Command::*;
         Some(match self {
-            AllocBuffer | GetDeviceMemory => 16,
-            GetAlignment | GetMaxSize | BufferGetBase | GetAllocSize => 8,
-            SetTensorHash | CopyTensor => 1,
-            Hello => 4 + CONN_CAPS_SIZE,
-            DeviceCount => 4,
-            _ => return None,
+            AllocBuffer => AllocBufferResponse::SIZE,
+            GetDeviceMemory => GetDeviceMemoryResponse::SIZE,
+            GetAlignment => GetAlignmentResponse::SIZE,
+            GetMaxSize => GetMaxSizeResponse::SIZE,
+            BufferGetBase => BufferGetBaseResponse::SIZE,
+            GetAllocSize => GetAllocSizeResponse::SIZE,
+            SetTensorHash => SetTensorHashResponse::SIZE,
+            CopyTensor => CopyTensorResponse::SIZE,
+            Hello => HelloResponse::SIZE,
+            DeviceCount => DeviceCountResponse::SIZE,
+            FreeBuffer | BufferClear | SetTensor | GetTensor | GraphCompute | InitTensor
+            | GraphRecompute | MemsetTensor => return None,
         })
     }
 }
@@ -566,3 +584,538 @@ pub fn fnv1a64(data: &[u8]) -> u64 {
     }
     h
 }
+
+/// One request or response payload: the bytes after the header (request) or after the size
+/// (response), encoded and decoded in one place for the client and the server alike.
+///
+/// Why a trait: the client sends what the server decodes, and both go through the same
+/// `encode`/`read` pair, so a field laid out twice (once per side) cannot drift. `decode`
+/// is total: short, long or malformed bytes give a [`WireError`], never a panic.
+///
+/// ```
+/// use backend_rpc::wire::{AllocBufferRequest, Payload};
+/// let req = AllocBufferRequest { device: 0, size: 96 };
+/// let bytes = req.to_bytes();
+/// assert_eq!(bytes, [0, 0, 0, 0, 96, 0, 0, 0, 0, 0, 0, 0]);
+/// assert_eq!(AllocBufferRequest::decode(&bytes)?, req);
+/// assert!(AllocBufferRequest::decode(&bytes[..11]).is_err()); // short
+/// # Ok::<(), backend_rpc::wire::WireError>(())
+/// ```
+pub trait Payload: Sized {
+    /// What errors call it (`"ALLOC_BUFFER request"`).
+    const WHAT: &'static str;
+    /// Append the payload bytes to `out`.
+    fn encode(&self, out: &mut Vec<u8>);
+    /// Read the payload from `r`, leaving what follows it.
+    fn read(r: &mut Reader<'_>) -> Result<Self, WireError>;
+    /// Decode exactly one payload: every byte of `bytes` used, none missing.
+    fn decode(bytes: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(bytes, Self::WHAT);
+        let v = Self::read(&mut r)?;
+        r.finish()?;
+        Ok(v)
+    }
+    /// The payload bytes.
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode(&mut out);
+        out
+    }
+}
+
+/// A payload of one size whatever its values (every message but SET_TENSOR's data, GET_TENSOR's
+/// answer and GRAPH_COMPUTE).
+pub trait FixedPayload: Payload {
+    /// Its size in bytes.
+    const SIZE: usize;
+}
+
+/// A request: its command, and the type of the server's answer ([`NoResponse`] for the
+/// commands the server does not answer).
+///
+/// ```
+/// use backend_rpc::wire::{Command, FixedPayload, GetAlignmentRequest, Request};
+/// assert_eq!(GetAlignmentRequest::COMMAND, Command::GetAlignment);
+/// assert_eq!(Some(GetAlignmentRequest::SIZE), Command::GetAlignment.fixed_request_size());
+/// ```
+pub trait Request: Payload {
+    /// The command byte it travels with.
+    const COMMAND: Command;
+    /// What the server answers.
+    type Response: Payload;
+}
+
+/// One field of a fixed-layout message, little-endian.
+trait Field: Sized {
+    const SIZE: usize;
+    fn put(&self, out: &mut Vec<u8>);
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError>;
+}
+
+impl Field for u8 {
+    const SIZE: usize = 1;
+    fn put(&self, out: &mut Vec<u8>) {
+        out.push(*self);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        r.u8()
+    }
+}
+
+/// A flag byte: 1 or 0 when written; any non-zero byte reads as `true` (as ggml reads it).
+impl Field for bool {
+    const SIZE: usize = 1;
+    fn put(&self, out: &mut Vec<u8>) {
+        out.push(u8::from(*self));
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(r.u8()? != 0)
+    }
+}
+
+impl Field for u32 {
+    const SIZE: usize = 4;
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        r.u32()
+    }
+}
+
+impl Field for u64 {
+    const SIZE: usize = 8;
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        r.u64()
+    }
+}
+
+impl Field for [u8; CONN_CAPS_SIZE] {
+    const SIZE: usize = CONN_CAPS_SIZE;
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let mut a = [0u8; CONN_CAPS_SIZE];
+        a.copy_from_slice(r.bytes(CONN_CAPS_SIZE)?);
+        Ok(a)
+    }
+}
+
+impl Field for RpcTensor {
+    const SIZE: usize = RPC_TENSOR_SIZE;
+    fn put(&self, out: &mut Vec<u8>) {
+        self.encode(out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        RpcTensor::read(r)
+    }
+}
+
+impl Field for [RpcTensor; 10] {
+    const SIZE: usize = 10 * RPC_TENSOR_SIZE;
+    fn put(&self, out: &mut Vec<u8>) {
+        for t in self {
+            t.encode(out);
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let mut a = [RpcTensor::default(); 10];
+        for t in &mut a {
+            *t = RpcTensor::read(r)?;
+        }
+        Ok(a)
+    }
+}
+
+/// A fixed-layout message: its fields in wire order, each written and read by [`Field`].
+macro_rules! message {
+    ($(#[$m:meta])* $name:ident, $what:literal { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+        pub struct $name {
+            $($(#[$fm])* pub $field: $ty,)*
+        }
+
+        impl Payload for $name {
+            const WHAT: &'static str = $what;
+            #[allow(unused_variables)]
+            fn encode(&self, out: &mut Vec<u8>) {
+                out.reserve(<Self as FixedPayload>::SIZE);
+                $(Field::put(&self.$field, out);)*
+            }
+            #[allow(unused_variables)]
+            fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+                // Struct expressions evaluate their fields in the order written: wire order.
+                Ok($name { $($field: Field::get(r)?,)* })
+            }
+        }
+
+        impl FixedPayload for $name {
+            const SIZE: usize = 0 $(+ <$ty as Field>::SIZE)*;
+        }
+    };
+}
+
+/// `$req` is sent with `$cmd` and answered with `$resp`.
+macro_rules! request {
+    ($req:ident => $cmd:ident, $resp:ty) => {
+        impl Request for $req {
+            const COMMAND: Command = Command::$cmd;
+            type Response = $resp;
+        }
+    };
+}
+
+/// The answer of a command the server does not answer: no bytes, none sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NoResponse;
+
+impl Payload for NoResponse {
+    const WHAT: &'static str = "no response";
+    fn encode(&self, _out: &mut Vec<u8>) {}
+    fn read(_r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(NoResponse)
+    }
+}
+
+impl FixedPayload for NoResponse {
+    const SIZE: usize = 0;
+}
+
+message!(
+    /// HELLO: the client's transport capabilities (all zero: plain TCP).
+    HelloRequest, "HELLO request" {
+        /// `conn_caps`.
+        caps: [u8; CONN_CAPS_SIZE],
+    }
+);
+request!(HelloRequest => Hello, HelloResponse);
+
+/// HELLO's answer: the server's protocol version and capabilities (the pad byte after the
+/// version is written as 0 and ignored when read).
+///
+/// ```
+/// use backend_rpc::wire::{HelloResponse, Payload};
+/// let r = HelloResponse { major: 7, minor: 0, patch: 0, caps: [0; 24] };
+/// assert_eq!(r.to_bytes()[..4], [7, 0, 0, 0]);
+/// assert_eq!(HelloResponse::decode(&r.to_bytes())?, r);
+/// # Ok::<(), backend_rpc::wire::WireError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct HelloResponse {
+    /// Protocol major version.
+    pub major: u8,
+    /// Protocol minor version.
+    pub minor: u8,
+    /// Protocol patch version.
+    pub patch: u8,
+    /// `conn_caps`.
+    pub caps: [u8; CONN_CAPS_SIZE],
+}
+
+impl Payload for HelloResponse {
+    const WHAT: &'static str = "HELLO response";
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&[self.major, self.minor, self.patch, 0]);
+        self.caps.put(out);
+    }
+    fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let (major, minor, patch, _pad) = (r.u8()?, r.u8()?, r.u8()?, r.u8()?);
+        let caps = Field::get(r)?;
+        Ok(HelloResponse {
+            major,
+            minor,
+            patch,
+            caps,
+        })
+    }
+}
+
+impl FixedPayload for HelloResponse {
+    const SIZE: usize = 4 + CONN_CAPS_SIZE;
+}
+
+message!(
+    /// DEVICE_COUNT: no payload.
+    DeviceCountRequest, "DEVICE_COUNT request" {}
+);
+request!(DeviceCountRequest => DeviceCount, DeviceCountResponse);
+
+message!(
+    /// DEVICE_COUNT's answer.
+    DeviceCountResponse, "DEVICE_COUNT response" {
+        /// Devices the server has.
+        count: u32,
+    }
+);
+
+message!(
+    /// GET_ALIGNMENT: a device's buffer alignment.
+    GetAlignmentRequest, "GET_ALIGNMENT request" {
+        /// Device index.
+        device: u32,
+    }
+);
+request!(GetAlignmentRequest => GetAlignment, GetAlignmentResponse);
+
+message!(
+    /// GET_ALIGNMENT's answer.
+    GetAlignmentResponse, "GET_ALIGNMENT response" {
+        /// Alignment in bytes.
+        alignment: u64,
+    }
+);
+
+message!(
+    /// GET_MAX_SIZE: a device's largest buffer.
+    GetMaxSizeRequest, "GET_MAX_SIZE request" {
+        /// Device index.
+        device: u32,
+    }
+);
+request!(GetMaxSizeRequest => GetMaxSize, GetMaxSizeResponse);
+
+message!(
+    /// GET_MAX_SIZE's answer.
+    GetMaxSizeResponse, "GET_MAX_SIZE response" {
+        /// Largest buffer in bytes.
+        max_size: u64,
+    }
+);
+
+message!(
+    /// GET_DEVICE_MEMORY: a device's free and total memory.
+    GetDeviceMemoryRequest, "GET_DEVICE_MEMORY request" {
+        /// Device index.
+        device: u32,
+    }
+);
+request!(GetDeviceMemoryRequest => GetDeviceMemory, GetDeviceMemoryResponse);
+
+message!(
+    /// GET_DEVICE_MEMORY's answer.
+    GetDeviceMemoryResponse, "GET_DEVICE_MEMORY response" {
+        /// Free bytes.
+        free: u64,
+        /// Total bytes.
+        total: u64,
+    }
+);
+
+message!(
+    /// ALLOC_BUFFER: allocate `size` bytes on a device.
+    AllocBufferRequest, "ALLOC_BUFFER request" {
+        /// Device index.
+        device: u32,
+        /// Bytes wanted.
+        size: u64,
+    }
+);
+request!(AllocBufferRequest => AllocBuffer, AllocBufferResponse);
+
+message!(
+    /// ALLOC_BUFFER's answer; `remote_ptr == 0` is the protocol's "allocation failed".
+    AllocBufferResponse, "ALLOC_BUFFER response" {
+        /// The buffer's handle (0: none).
+        remote_ptr: u64,
+        /// Its size.
+        remote_size: u64,
+    }
+);
+
+message!(
+    /// BUFFER_GET_BASE: a buffer's base address.
+    BufferGetBaseRequest, "BUFFER_GET_BASE request" {
+        /// The buffer's handle.
+        remote_ptr: u64,
+    }
+);
+request!(BufferGetBaseRequest => BufferGetBase, BufferGetBaseResponse);
+
+message!(
+    /// BUFFER_GET_BASE's answer.
+    BufferGetBaseResponse, "BUFFER_GET_BASE response" {
+        /// Server address of the buffer's first byte.
+        base_ptr: u64,
+    }
+);
+
+message!(
+    /// FREE_BUFFER: free a buffer (no answer).
+    FreeBufferRequest, "FREE_BUFFER request" {
+        /// The buffer's handle.
+        remote_ptr: u64,
+    }
+);
+request!(FreeBufferRequest => FreeBuffer, NoResponse);
+
+message!(
+    /// BUFFER_CLEAR: fill a whole buffer with one byte (no answer).
+    BufferClearRequest, "BUFFER_CLEAR request" {
+        /// The buffer's handle.
+        remote_ptr: u64,
+        /// The byte.
+        value: u8,
+    }
+);
+request!(BufferClearRequest => BufferClear, NoResponse);
+
+message!(
+    /// SET_TENSOR's fixed part; the data bytes follow it in the same payload (see
+    /// [`SetTensorRequest::split`]). No answer.
+    SetTensorRequest, "SET_TENSOR request" {
+        /// Destination tensor.
+        tensor: RpcTensor,
+        /// Ask a caching server to keep the data under its hash.
+        cache: bool,
+        /// Byte offset into the tensor.
+        offset: u64,
+    }
+);
+request!(SetTensorRequest => SetTensor, NoResponse);
+
+impl SetTensorRequest {
+    /// The fixed part of a whole SET_TENSOR payload, and the data after it.
+    ///
+    /// ```
+    /// use backend_rpc::wire::{Payload, RpcTensor, SetTensorRequest};
+    /// let req = SetTensorRequest { tensor: RpcTensor::default(), cache: false, offset: 8 };
+    /// let mut payload = req.to_bytes();
+    /// payload.extend_from_slice(&[1, 2, 3]);
+    /// assert_eq!(SetTensorRequest::split(&payload)?, (req, &[1u8, 2, 3][..]));
+    /// # Ok::<(), backend_rpc::wire::WireError>(())
+    /// ```
+    pub fn split(payload: &[u8]) -> Result<(Self, &[u8]), WireError> {
+        let mut r = Reader::new(payload, Self::WHAT);
+        let req = Self::read(&mut r)?;
+        let data = r.bytes(r.remaining())?;
+        Ok((req, data))
+    }
+}
+
+message!(
+    /// SET_TENSOR_HASH: write from the server's cache the data with this hash.
+    SetTensorHashRequest, "SET_TENSOR_HASH request" {
+        /// Destination tensor.
+        tensor: RpcTensor,
+        /// Byte offset into the tensor.
+        offset: u64,
+        /// FNV-1a 64 of the data ([`fnv1a64`]).
+        hash: u64,
+    }
+);
+request!(SetTensorHashRequest => SetTensorHash, SetTensorHashResponse);
+
+message!(
+    /// SET_TENSOR_HASH's answer.
+    SetTensorHashResponse, "SET_TENSOR_HASH response" {
+        /// Written from the cache; `false`: send the data with SET_TENSOR.
+        found: bool,
+    }
+);
+
+message!(
+    /// GET_TENSOR: read `size` bytes of a tensor from `offset`; the answer is those bytes
+    /// ([`TensorData`]).
+    GetTensorRequest, "GET_TENSOR request" {
+        /// Source tensor.
+        tensor: RpcTensor,
+        /// Byte offset into the tensor.
+        offset: u64,
+        /// Bytes wanted.
+        size: u64,
+    }
+);
+request!(GetTensorRequest => GetTensor, TensorData);
+
+/// GET_TENSOR's answer: the bytes themselves (as many as were asked for).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TensorData(pub Vec<u8>);
+
+impl Payload for TensorData {
+    const WHAT: &'static str = "GET_TENSOR response";
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.0);
+    }
+    fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(TensorData(r.bytes(r.remaining())?.to_vec()))
+    }
+}
+
+message!(
+    /// COPY_TENSOR: copy `src` into `dst`, both on this server.
+    CopyTensorRequest, "COPY_TENSOR request" {
+        /// Source tensor.
+        src: RpcTensor,
+        /// Destination tensor.
+        dst: RpcTensor,
+    }
+);
+request!(CopyTensorRequest => CopyTensor, CopyTensorResponse);
+
+message!(
+    /// COPY_TENSOR's answer.
+    CopyTensorResponse, "COPY_TENSOR response" {
+        /// Copied; `false`: the server could not (the client copies through the host).
+        copied: bool,
+    }
+);
+
+message!(
+    /// INIT_TENSOR: initialise a tensor in its buffer (no answer).
+    InitTensorRequest, "INIT_TENSOR request" {
+        /// The tensor.
+        tensor: RpcTensor,
+    }
+);
+request!(InitTensorRequest => InitTensor, NoResponse);
+
+message!(
+    /// GET_ALLOC_SIZE: bytes a tensor needs in a device's buffers; sources with id 0 are
+    /// absent.
+    GetAllocSizeRequest, "GET_ALLOC_SIZE request" {
+        /// Device index.
+        device: u32,
+        /// The tensor.
+        tensor: RpcTensor,
+        /// Its sources.
+        srcs: [RpcTensor; 10],
+    }
+);
+request!(GetAllocSizeRequest => GetAllocSize, GetAllocSizeResponse);
+
+message!(
+    /// GET_ALLOC_SIZE's answer.
+    GetAllocSizeResponse, "GET_ALLOC_SIZE response" {
+        /// Bytes.
+        alloc_size: u64,
+    }
+);
+
+message!(
+    /// GRAPH_RECOMPUTE: compute the stored graph again (no answer).
+    GraphRecomputeRequest, "GRAPH_RECOMPUTE request" {
+        /// Device index.
+        device: u32,
+    }
+);
+request!(GraphRecomputeRequest => GraphRecompute, NoResponse);
+
+message!(
+    /// MEMSET_TENSOR: fill `size` bytes of a tensor from `offset` (no answer).
+    MemsetTensorRequest, "MEMSET_TENSOR request" {
+        /// The tensor.
+        tensor: RpcTensor,
+        /// Byte offset into the tensor.
+        offset: u64,
+        /// Bytes to fill.
+        size: u64,
+        /// The byte.
+        value: u8,
+    }
+);
+request!(MemsetTensorRequest => MemsetTensor, NoResponse);

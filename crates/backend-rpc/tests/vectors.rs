@@ -3,9 +3,12 @@
 
 mod common;
 
-use backend_rpc::ServerConfig;
 use backend_rpc::mapping::{op_from_wire, op_to_wire, type_from_wire, unary_to_wire};
-use backend_rpc::wire::{Command, GraphMessage, RpcTensor, put_header};
+use backend_rpc::wire::{
+    AllocBufferRequest, AllocBufferResponse, BufferGetBaseRequest, BufferGetBaseResponse, Command,
+    GetTensorRequest, GraphMessage, HelloRequest, HelloResponse, PROTO_MAJOR, PROTO_MINOR,
+    PROTO_PATCH, Payload, Request, RpcTensor, SetTensorRequest, TensorData, put_header,
+};
 use common::hex;
 use graph::{ElementType, Op, UnaryOp};
 
@@ -17,6 +20,21 @@ fn request(cmd: Command, payload: &[u8]) -> Vec<u8> {
     put_header(&mut v, cmd, payload.len() as u64);
     v.extend_from_slice(payload);
     v
+}
+
+/// A typed request on the wire: header, then its payload.
+fn typed<R: Request>(req: &R) -> Vec<u8> {
+    request(R::COMMAND, &req.to_bytes())
+}
+
+/// A response payload after its 8-byte size, checking the size.
+fn answer(framed: &[u8]) -> &[u8] {
+    let (size, payload) = framed.split_at(8);
+    assert_eq!(
+        u64::from_le_bytes(size.try_into().unwrap()),
+        payload.len() as u64
+    );
+    payload
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -46,49 +64,84 @@ fn vec_a_tensor(id: u64) -> RpcTensor {
 
 #[test]
 fn hello_request_and_response() {
-    let req = request(Command::Hello, &[0; 24]);
+    let req = typed(&HelloRequest::default());
     assert_eq!(
         req,
         hex("0000: 0e 18 00 00 00 00 00 00 00 00 00 00 00 00 00 00
              0010: 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00
              0020: 00")
     );
-    // Our server answers exactly what ggml's did (36 bytes with the size prefix).
-    let server = common::mem_server(ServerConfig::default());
-    let mut s = server.session();
-    let resp = s.handle(14, &[0; 24]).unwrap().unwrap();
-    let mut framed = (resp.len() as u64).to_le_bytes().to_vec();
-    framed.extend_from_slice(&resp);
     assert_eq!(
-        framed,
-        hex("0000: 1c 00 00 00 00 00 00 00 07 00 00 00 00 00 00 00
-             0010: 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00
-             0020: 00 00 00 00")
+        HelloRequest::decode(&req[9..]).unwrap(),
+        HelloRequest::default()
     );
+    // ggml's answer (36 bytes with the size prefix); backend-rpc-server's tests/vectors.rs
+    // checks that our server answers exactly this.
+    let resp = hex("0000: 1c 00 00 00 00 00 00 00 07 00 00 00 00 00 00 00
+                    0010: 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00
+                    0020: 00 00 00 00");
+    let ours = HelloResponse {
+        major: PROTO_MAJOR,
+        minor: PROTO_MINOR,
+        patch: PROTO_PATCH,
+        caps: [0; 24],
+    };
+    assert_eq!(HelloResponse::decode(answer(&resp)).unwrap(), ours);
+    assert_eq!(ours.to_bytes(), answer(&resp));
 }
 
 #[test]
 fn alloc_and_get_base_requests() {
-    let mut p = 0u32.to_le_bytes().to_vec();
-    p.extend_from_slice(&96u64.to_le_bytes());
+    let alloc = AllocBufferRequest {
+        device: 0,
+        size: 96,
+    };
+    let req = typed(&alloc);
     assert_eq!(
-        request(Command::AllocBuffer, &p),
+        req,
         hex("0000: 00 0c 00 00 00 00 00 00 00 00 00 00 00 60 00 00
              0010: 00 00 00 00 00")
     );
+    assert_eq!(AllocBufferRequest::decode(&req[9..]).unwrap(), alloc);
+    let resp = hex("0000: 10 00 00 00 00 00 00 00 60 07 fd 86 66 55 00 00
+                    0010: 60 00 00 00 00 00 00 00");
+    let got = AllocBufferResponse {
+        remote_ptr: BUF,
+        remote_size: 96,
+    };
+    assert_eq!(AllocBufferResponse::decode(answer(&resp)).unwrap(), got);
+    assert_eq!(got.to_bytes(), answer(&resp));
+
+    let base = BufferGetBaseRequest { remote_ptr: BUF };
+    let req = typed(&base);
     assert_eq!(
-        request(Command::BufferGetBase, &BUF.to_le_bytes()),
+        req,
         hex("0000: 03 08 00 00 00 00 00 00 00 60 07 fd 86 66 55 00
              0010: 00")
     );
-    // Vector B's ALLOC_BUFFER of 114688 bytes.
-    let mut p = 0u32.to_le_bytes().to_vec();
-    p.extend_from_slice(&114688u64.to_le_bytes());
+    assert_eq!(BufferGetBaseRequest::decode(&req[9..]).unwrap(), base);
+    let resp = hex("0000: 08 00 00 00 00 00 00 00 00 ab fc 86 66 55 00 00");
+    let got = BufferGetBaseResponse { base_ptr: BASE };
+    assert_eq!(BufferGetBaseResponse::decode(answer(&resp)).unwrap(), got);
+    assert_eq!(got.to_bytes(), answer(&resp));
+
+    // Vector B's ALLOC_BUFFER of 114688 bytes, and its answer.
+    let alloc = AllocBufferRequest {
+        device: 0,
+        size: 114688,
+    };
     assert_eq!(
-        request(Command::AllocBuffer, &p),
+        typed(&alloc),
         hex("0000: 00 0c 00 00 00 00 00 00 00 00 00 00 00 00 c0 01
              0010: 00 00 00 00 00")
     );
+    let resp = hex("0000: 10 00 00 00 00 00 00 00 60 07 fd 86 66 55 00 00
+                    0010: 00 c0 01 00 00 00 00 00");
+    let got = AllocBufferResponse {
+        remote_ptr: BUF,
+        remote_size: 114688,
+    };
+    assert_eq!(AllocBufferResponse::decode(answer(&resp)).unwrap(), got);
 }
 
 const SET_A_320: &str = "
@@ -115,10 +168,12 @@ const SET_A_320: &str = "
 
 #[test]
 fn set_tensor_request() {
-    let mut p = Vec::new();
-    vec_a_tensor(1).encode(&mut p);
-    p.push(0);
-    p.extend_from_slice(&0u64.to_le_bytes());
+    let set = SetTensorRequest {
+        tensor: vec_a_tensor(1),
+        cache: false,
+        offset: 0,
+    };
+    let mut p = set.to_bytes();
     p.extend_from_slice(&f32s(&[1.0, 2.0, 3.0, 4.0]));
     let req = request(Command::SetTensor, &p);
     assert_eq!(req.len(), 330);
@@ -128,6 +183,9 @@ fn set_tensor_request() {
     assert_eq!(req[306..314], [0u8; 8]); // offset
     assert_eq!(&req[314..330], &f32s(&[1.0, 2.0, 3.0, 4.0])[..]);
     assert_eq!(RpcTensor::decode(&req[9..]).unwrap(), vec_a_tensor(1));
+    let (got, data) = SetTensorRequest::split(&req[9..]).unwrap();
+    assert_eq!(got, set);
+    assert_eq!(data, f32s(&[1.0, 2.0, 3.0, 4.0]));
 }
 
 const GRAPH_A_320: &str = "
@@ -202,15 +260,23 @@ const GET_OUT_320: &str = "
 
 #[test]
 fn get_tensor_request() {
-    let mut p = Vec::new();
-    vec_a_tensor(3).encode(&mut p);
-    p.extend_from_slice(&0u64.to_le_bytes());
-    p.extend_from_slice(&16u64.to_le_bytes());
-    let req = request(Command::GetTensor, &p);
+    let get = GetTensorRequest {
+        tensor: vec_a_tensor(3),
+        offset: 0,
+        size: 16,
+    };
+    let req = typed(&get);
     assert_eq!(req.len(), 321);
     assert_eq!(req[..320], hex(GET_OUT_320)[..]);
     assert_eq!(req[320], 0);
     assert_eq!(Command::GetTensor.fixed_request_size(), Some(312));
+    assert_eq!(GetTensorRequest::decode(&req[9..]).unwrap(), get);
+    // The answer: out = a + b = 11, 22, 33, 44.
+    let resp = hex("0000: 10 00 00 00 00 00 00 00 00 00 30 41 00 00 b0 41
+                    0010: 00 00 04 42 00 00 30 42");
+    let got = TensorData(f32s(&[11.0, 22.0, 33.0, 44.0]));
+    assert_eq!(TensorData::decode(answer(&resp)).unwrap(), got);
+    assert_eq!(got.to_bytes(), answer(&resp));
 }
 
 #[test]

@@ -36,7 +36,7 @@ options:
   --offload N       place the last N blocks (weights and KV cache) on the test device, or
                     on the remote devices when --rpc is given (default there: half)
   --rpc HOST:PORT   a remote device speaking ggml's RPC protocol (ggml's rpc-server, or
-                    `cargo run -p backend-rpc --bin rpc-server`); repeatable, the offloaded
+                    `cargo run -p backend-rpc-server --bin rpc-server`); repeatable, the offloaded
                     blocks are shared in contiguous runs in the order given;
                     `--rpc embedded` starts our server in this process on a loopback port
   --plan            print the scheduler's split plan of a decode step to stderr first

@@ -25,7 +25,7 @@ use crate::kv_cache::{KvCache, fill_mask};
 use crate::sampler::Sampler;
 use crate::weights::{LlamaWeights, ModelFile};
 
-pub use backend_rpc::EMBEDDED;
+pub use backend_rpc_server::EMBEDDED;
 
 /// How to set up a [`Llama`].
 #[derive(Clone, Debug)]
@@ -130,7 +130,7 @@ pub struct Llama {
     profile: Option<sched::OpTimer>,
     _weight_buffers: Vec<Buffer>,
     // Declared last: embedded servers stop after every connection to them is dropped.
-    _servers: Vec<backend_rpc::ServerHandle>,
+    _servers: Vec<backend_rpc_server::ServerHandle>,
 }
 
 impl std::fmt::Debug for Llama {
@@ -211,7 +211,7 @@ impl Llama {
         if !opts.rpc.is_empty() {
             let config = backend_rpc::RpcConfig::default();
             let (devices, handles) =
-                backend_rpc::connect_all(&opts.rpc, &cpu_device, threads, &config)
+                backend_rpc_server::connect_all(&opts.rpc, &cpu_device, threads, &config)
                     .map_err(|e| LlmError::Backend(format!("rpc {e}")))?;
             servers = handles;
             for (i, (endpoint, device)) in devices.iter().enumerate() {

@@ -40,7 +40,7 @@ options:
   --offload N       place the last N layers' weights on the test device, or on the
                     remote devices when --rpc is given (default there: half the layers)
   --rpc HOST:PORT   a remote device: a server speaking ggml's RPC protocol 7.0.0 (ggml's
-                    rpc-server, or `cargo run -p backend-rpc --bin rpc-server`); repeatable,
+                    rpc-server, or `cargo run -p backend-rpc-server --bin rpc-server`); repeatable,
                     the offloaded layers are shared in contiguous runs, in the order given.
                     `--rpc embedded` starts our server in this process on a loopback port
   --threads N       CPU threads (default: all available)

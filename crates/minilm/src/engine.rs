@@ -47,7 +47,7 @@ pub struct EmbedderOptions {
     pub profile: bool,
 }
 
-pub use backend_rpc::EMBEDDED;
+pub use backend_rpc_server::EMBEDDED;
 
 /// Compute time per op kind, from [`Embedder::take_profile`].
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -87,7 +87,7 @@ pub struct Embedder {
     _file: WeightFile,
     // Embedded RPC servers: declared last so they stop after every connection to them is
     // dropped (the scheduler's backends and the weight buffers above).
-    _servers: Vec<backend_rpc::ServerHandle>,
+    _servers: Vec<backend_rpc_server::ServerHandle>,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -147,7 +147,7 @@ impl Embedder {
         if !opts.rpc.is_empty() {
             let config = backend_rpc::RpcConfig::default();
             let (devices, handles) =
-                backend_rpc::connect_all(&opts.rpc, &cpu_device, threads, &config)
+                backend_rpc_server::connect_all(&opts.rpc, &cpu_device, threads, &config)
                     .map_err(|e| MinilmError::Backend(format!("rpc {e}")))?;
             servers = handles;
             // Contiguous runs of the offloaded layers, earlier devices taking earlier layers.

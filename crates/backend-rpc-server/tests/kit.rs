@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend_core::{Backend, BufferUsage, Device, tensor_alloc, tensor_get, tensor_set};
-use backend_rpc::{RpcConfig, Server, ServerConfig, ServerHandle, connect};
+use backend_rpc::{RpcConfig, connect};
+use backend_rpc_server::{Server, ServerConfig, ServerHandle};
 use graph::{Context, ElementType, Graph, TensorId};
 
 fn remote() -> (ServerHandle, Device) {

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend_core::{Backend, BufferType, tensor_alloc, tensor_get, tensor_set};
-use backend_rpc::{RpcConfig, Server, ServerConfig, connect};
+use backend_rpc::{RpcConfig, connect};
+use backend_rpc_server::{Server, ServerConfig};
 use graph::{Context, ElementType, Graph, TensorId, UnaryOp};
 
 fn cfg() -> RpcConfig {

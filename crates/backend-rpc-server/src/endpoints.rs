@@ -3,13 +3,15 @@
 //! Why here: every program that offloads over RPC (the MiniLM embedder, the Llama decoder)
 //! takes a list of `HOST:PORT`s from its user and also offers a server of its own on loopback,
 //! so that RPC offload can be tried without starting `rpc-server` by hand. Turning that list
-//! into devices is the same everywhere, so it lives next to [`connect`](crate::connect).
+//! into devices is the same everywhere, so it lives next to [`connect`](backend_rpc::connect).
 
 use std::sync::Arc;
 
 use backend_core::Device;
 
-use crate::{BackendFactory, RpcConfig, RpcError, Server, ServerConfig, ServerHandle};
+use backend_rpc::{RpcConfig, RpcError};
+
+use crate::{BackendFactory, Server, ServerConfig, ServerHandle};
 
 /// The endpoint that starts our RPC server in this process (loopback, ephemeral port) and
 /// connects to it like to any other server.
@@ -62,7 +64,8 @@ impl ConnectAllError {
 /// stops that server, so keep the handles as long as the devices are in use.
 ///
 /// ```
-/// use backend_rpc::{EMBEDDED, RpcConfig, connect_all};
+/// use backend_rpc::RpcConfig;
+/// use backend_rpc_server::{EMBEDDED, connect_all};
 /// let local = backend_cpu::cpu_device();
 /// let (devices, _servers) = connect_all(&[EMBEDDED], &local, 1, &RpcConfig::default())?;
 /// let (endpoint, device) = &devices[0];
@@ -90,7 +93,7 @@ pub fn connect_all<S: AsRef<str>>(
             endpoint.to_owned()
         };
         let found =
-            crate::connect(&endpoint, config).map_err(|source| ConnectAllError::Connect {
+            backend_rpc::connect(&endpoint, config).map_err(|source| ConnectAllError::Connect {
                 endpoint: endpoint.clone(),
                 source,
             })?;

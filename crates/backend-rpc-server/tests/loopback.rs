@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use backend_core::{tensor_alloc, tensor_copy, tensor_get, tensor_memset, tensor_set};
 use backend_rpc::wire::{Command, GraphMessage};
-use backend_rpc::{RpcConfig, RpcError, ServerConfig, connect};
+use backend_rpc::{RpcConfig, RpcError, connect};
+use backend_rpc_server::ServerConfig;
 use graph::{Context, ElementType, Graph};
 
 fn cfg() -> RpcConfig {

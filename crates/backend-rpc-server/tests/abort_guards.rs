@@ -5,7 +5,8 @@
 mod common;
 
 use backend_core::{BackendError, tensor_alloc};
-use backend_rpc::{RpcConfig, ServerConfig, connect};
+use backend_rpc::{RpcConfig, connect};
+use backend_rpc_server::ServerConfig;
 use graph::{Context, ElementType, Graph};
 
 #[test]

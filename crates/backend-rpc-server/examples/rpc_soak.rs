@@ -95,7 +95,7 @@ fn sibling_server() -> Result<PathBuf, String> {
         Ok(bin)
     } else {
         Err(format!(
-            "{} not found: build it (cargo build --release -p backend-rpc --bin rpc-server) or pass --server",
+            "{} not found: build it (cargo build --release -p backend-rpc-server --bin rpc-server) or pass --server",
             bin.display()
         ))
     }

@@ -3,7 +3,7 @@
 //! limit and admits again once a client has gone; `idle_timeout` closes a silent connection
 //! but not a talking one. Each refusal closes only that connection: the server goes on.
 //!
-//! The rules are also checked on a socket-less [`backend_rpc::Session`], for the typed error.
+//! The rules are also checked on a socket-less [`backend_rpc_server::Session`], for the typed error.
 //! Waits are bounded (a read timeout of 10 s turns a connection the server failed to close
 //! into a failure); nothing is timed.
 
@@ -14,7 +14,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use backend_rpc::wire::{CONN_CAPS_SIZE, Command};
-use backend_rpc::{ServerConfig, ServerError, ServerHandle};
+use backend_rpc_server::{ServerConfig, ServerError, ServerHandle};
 
 fn config() -> ServerConfig {
     ServerConfig {

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend_rpc::wire::{Command, GraphMessage, RpcTensor};
-use backend_rpc::{GRAPH_FREE_BYTES, Server, ServerConfig, ServerError};
+use backend_rpc_server::{GRAPH_FREE_BYTES, Server, ServerConfig, ServerError, Session};
 
 /// ALLOC_BUFFER through a session: the handle (0 = refused).
-fn alloc(s: &mut backend_rpc::Session, size: u64) -> u64 {
+fn alloc(s: &mut Session, size: u64) -> u64 {
     let mut p = 0u32.to_le_bytes().to_vec();
     p.extend_from_slice(&size.to_le_bytes());
     let r = s
@@ -22,7 +22,7 @@ fn alloc(s: &mut backend_rpc::Session, size: u64) -> u64 {
     u64::from_le_bytes(r[..8].try_into().unwrap())
 }
 
-fn hello(s: &mut backend_rpc::Session) {
+fn hello(s: &mut Session) {
     s.handle(Command::Hello as u8, &[0; 24]).unwrap();
 }
 

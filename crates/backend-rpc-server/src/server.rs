@@ -39,16 +39,22 @@ use std::time::Duration;
 use backend_core::{Backend, BackendError, Buffer, Device};
 use graph::{Context, ElementType, GraphError, GraphView, Op, RopeParams, TensorFlags, TensorId};
 
-use crate::mapping::{op_from_wire, type_from_wire};
-use crate::wire::{
-    CONN_CAPS_SIZE, Command, GraphMessage, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, RPC_TENSOR_SIZE,
-    Reader, RpcTensor, SET_TENSOR_FIXED, WireError,
+use backend_rpc::mapping::{op_from_wire, type_from_wire};
+use backend_rpc::wire::{
+    AllocBufferRequest, AllocBufferResponse, BufferClearRequest, BufferGetBaseRequest,
+    BufferGetBaseResponse, Command, CopyTensorRequest, CopyTensorResponse, DeviceCountResponse,
+    FixedPayload, FreeBufferRequest, GetAlignmentRequest, GetAlignmentResponse,
+    GetAllocSizeRequest, GetAllocSizeResponse, GetDeviceMemoryRequest, GetDeviceMemoryResponse,
+    GetMaxSizeRequest, GetMaxSizeResponse, GetTensorRequest, GraphMessage, GraphRecomputeRequest,
+    HelloRequest, HelloResponse, InitTensorRequest, MemsetTensorRequest, PROTO_MAJOR, PROTO_MINOR,
+    PROTO_PATCH, Payload, RPC_TENSOR_SIZE, RpcTensor, SET_TENSOR_FIXED, SetTensorHashRequest,
+    SetTensorHashResponse, SetTensorRequest, WireError,
 };
 
 /// Limits and settings of a server.
 ///
 /// ```
-/// use backend_rpc::ServerConfig;
+/// use backend_rpc_server::ServerConfig;
 /// let cfg = ServerConfig { max_clients: 4, ..ServerConfig::default() };
 /// assert!(cfg.max_buffer_size <= cfg.max_client_memory);
 /// assert!(cfg.max_client_memory <= cfg.max_server_memory);
@@ -183,6 +189,11 @@ fn graph_build_cost(n_nodes: usize, n_tensors: usize) -> u64 {
         .saturating_add((n_nodes as u64).saturating_mul(per_node))
 }
 
+/// The bytes of a fixed-size answer.
+fn answer<P: FixedPayload>(p: P) -> Option<Vec<u8>> {
+    Some(p.to_bytes())
+}
+
 fn bad_tensor(id: u64, why: impl Into<String>) -> ServerError {
     ServerError::BadTensor {
         id,
@@ -220,7 +231,7 @@ impl std::fmt::Debug for Server {
 /// client connection.
 ///
 /// ```no_run
-/// use backend_rpc::{Server, ServerConfig};
+/// use backend_rpc_server::{Server, ServerConfig};
 /// # fn dev() -> backend_core::Device { unimplemented!() }
 /// let device = dev();
 /// let d2 = device.clone();
@@ -294,7 +305,7 @@ impl Server {
     /// Bytes all sessions hold in buffers now (returns to 0 when every client is gone).
     ///
     /// ```
-    /// # use backend_rpc::{Server, ServerConfig};
+    /// # use backend_rpc_server::{Server, ServerConfig};
     /// let dev = backend_cpu::cpu_device();
     /// let server = Server::new(dev, std::sync::Arc::new(backend_cpu::init), ServerConfig::default());
     /// assert_eq!(server.held_bytes(), 0);
@@ -527,9 +538,10 @@ const STREAM_CHUNK: usize = 1 << 20;
 /// SET_TENSOR from the socket: the fixed part, checked, then `len` data bytes straight into
 /// the buffer, chunk by chunk.
 fn stream_set(session: &Session, stream: &mut TcpStream, len: u64) -> Result<(), String> {
-    let mut fixed = [0u8; SET_TENSOR_FIXED];
+    let mut fixed = [0u8; SetTensorRequest::SIZE];
     read_message(stream, &mut fixed)?;
-    let (buf, pos) = session.set_target(&fixed, len).map_err(|e| e.to_string())?;
+    let req = SetTensorRequest::decode(&fixed).map_err(|e| e.to_string())?;
+    let (buf, pos) = session.set_target(&req, len).map_err(|e| e.to_string())?;
     // `len` fits the buffer (checked by `set_target`), so it fits usize and `pos + done` does.
     let len = len as usize;
     let mut staging = vec![0u8; len.min(STREAM_CHUNK)];
@@ -545,8 +557,9 @@ fn stream_set(session: &Session, stream: &mut TcpStream, len: u64) -> Result<(),
 
 /// GET_TENSOR to the socket: the answer goes out chunk by chunk from the buffer.
 fn stream_get(session: &Session, stream: &mut TcpStream) -> Result<(), String> {
-    let mut req = [0u8; RPC_TENSOR_SIZE + 16];
-    read_message(stream, &mut req)?;
+    let mut bytes = [0u8; GetTensorRequest::SIZE];
+    read_message(stream, &mut bytes)?;
+    let req = GetTensorRequest::decode(&bytes).map_err(|e| e.to_string())?;
     let (buf, pos, len) = session.get_source(&req).map_err(|e| e.to_string())?;
     let write = |s: &mut TcpStream, b: &[u8]| s.write_all(b).map_err(|e| format!("write: {e}"));
     write(stream, &(len as u64).to_le_bytes())?;
@@ -764,47 +777,54 @@ impl Session {
             // A charge is only for the GRAPH_COMPUTE it was admitted for.
             self.message = None;
         }
-        let mut r = Reader::new(payload, "request");
         let out = match c {
             Command::Hello => {
+                // Our transport has no capabilities to offer: the client's are read and
+                // answered with none.
+                HelloRequest::decode(payload)?;
                 self.hello = true;
-                let mut v = vec![PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, 0];
-                v.extend_from_slice(&[0u8; CONN_CAPS_SIZE]);
-                Some(v)
+                answer(HelloResponse {
+                    major: PROTO_MAJOR,
+                    minor: PROTO_MINOR,
+                    patch: PROTO_PATCH,
+                    caps: [0; _],
+                })
             }
-            Command::DeviceCount => Some(1u32.to_le_bytes().to_vec()),
+            Command::DeviceCount => answer(DeviceCountResponse { count: 1 }),
             Command::GetAlignment => {
-                self.device(r.u32()?)?;
+                self.device(GetAlignmentRequest::decode(payload)?.device)?;
                 let a = self.server.device.buffer_type().alignment() as u64;
-                Some(a.to_le_bytes().to_vec())
+                answer(GetAlignmentResponse { alignment: a })
             }
             Command::GetMaxSize => {
-                self.device(r.u32()?)?;
+                self.device(GetMaxSizeRequest::decode(payload)?.device)?;
                 let m = (self.server.device.buffer_type().max_size() as u64).min(self.max_buffer());
-                Some(m.to_le_bytes().to_vec())
+                answer(GetMaxSizeResponse { max_size: m })
             }
             Command::GetDeviceMemory => {
-                self.device(r.u32()?)?;
+                self.device(GetDeviceMemoryRequest::decode(payload)?.device)?;
                 let (free, total) = self.server.device.memory();
-                let mut v = (free as u64).to_le_bytes().to_vec();
-                v.extend_from_slice(&(total as u64).to_le_bytes());
-                Some(v)
+                answer(GetDeviceMemoryResponse {
+                    free: free as u64,
+                    total: total as u64,
+                })
             }
             Command::AllocBuffer => {
-                self.device(r.u32()?)?;
-                let size = r.u64()?;
-                let (h, s) = self.alloc(size);
-                let mut v = h.to_le_bytes().to_vec();
-                v.extend_from_slice(&s.to_le_bytes());
-                Some(v)
+                let req = AllocBufferRequest::decode(payload)?;
+                self.device(req.device)?;
+                let (remote_ptr, remote_size) = self.alloc(req.size);
+                answer(AllocBufferResponse {
+                    remote_ptr,
+                    remote_size,
+                })
             }
             Command::BufferGetBase => {
-                let h = r.u64()?;
+                let h = BufferGetBaseRequest::decode(payload)?.remote_ptr;
                 let b = self.buffer(h)?;
-                Some(b.base.to_le_bytes().to_vec())
+                answer(BufferGetBaseResponse { base_ptr: b.base })
             }
             Command::FreeBuffer => {
-                let h = r.u64()?;
+                let h = FreeBufferRequest::decode(payload)?.remote_ptr;
                 let b = self
                     .buffers
                     .remove(&h)
@@ -817,36 +837,36 @@ impl Session {
                 None
             }
             Command::BufferClear => {
-                let h = r.u64()?;
-                let v = r.u8()?;
-                self.buffer(h)?.buffer.clear(v)?;
+                let req = BufferClearRequest::decode(payload)?;
+                self.buffer(req.remote_ptr)?.buffer.clear(req.value)?;
                 None
             }
             Command::SetTensor => {
-                let (fixed, data) = payload.split_at(payload.len().min(SET_TENSOR_FIXED));
-                let (buf, pos) = self.set_target(fixed, data.len() as u64)?;
+                let (req, data) = SetTensorRequest::split(payload)?;
+                let (buf, pos) = self.set_target(&req, data.len() as u64)?;
                 write_bytes(&buf, pos, data)?;
                 None
             }
             Command::SetTensorHash => {
-                let t = RpcTensor::read(&mut r)?;
-                let _offset = r.u64()?;
-                let _hash = r.u64()?;
-                self.locate(&t)?;
+                let req = SetTensorHashRequest::decode(payload)?;
+                self.locate(&req.tensor)?;
                 // No cache: always ask for the data.
-                Some(vec![0])
+                answer(SetTensorHashResponse { found: false })
             }
             Command::GetTensor => {
-                let (buf, pos, len) = self.get_source(payload)?;
+                let req = GetTensorRequest::decode(payload)?;
+                let (buf, pos, len) = self.get_source(&req)?;
                 let mut out = vec![0u8; len];
                 read_bytes(&buf, pos, &mut out)?;
                 Some(out)
             }
             Command::MemsetTensor => {
-                let t = RpcTensor::read(&mut r)?;
-                let offset = r.u64()?;
-                let size = r.u64()?;
-                let value = r.u8()?;
+                let MemsetTensorRequest {
+                    tensor: t,
+                    offset,
+                    size,
+                    value,
+                } = MemsetTensorRequest::decode(payload)?;
                 let loc = self.locate(&t)?;
                 if offset.checked_add(size).is_none_or(|e| e > loc.nbytes) {
                     return Err(ServerError::OutOfBounds {
@@ -858,8 +878,7 @@ impl Session {
                 None
             }
             Command::CopyTensor => {
-                let src = RpcTensor::read(&mut r)?;
-                let dst = RpcTensor::read(&mut r)?;
+                let CopyTensorRequest { src, dst } = CopyTensorRequest::decode(payload)?;
                 let ls = self.locate(&src)?;
                 let ld = self.locate(&dst)?;
                 let dpos = self.range_in_buffer(&ld, 0, ls.nbytes, "COPY_TENSOR")?;
@@ -876,21 +895,19 @@ impl Session {
                     write_bytes(&db, dpos + done, &staging[..n])?;
                     done += n;
                 }
-                Some(vec![1])
+                answer(CopyTensorResponse { copied: true })
             }
             Command::InitTensor => {
-                let t = RpcTensor::read(&mut r)?;
+                let t = InitTensorRequest::decode(payload)?.tensor;
                 if t.buffer != 0 {
                     self.locate(&t)?;
                 }
                 None
             }
             Command::GetAllocSize => {
-                self.device(r.u32()?)?;
-                let t = RpcTensor::read(&mut r)?;
-                for _ in 0..10 {
-                    RpcTensor::read(&mut r)?;
-                }
+                let req = GetAllocSizeRequest::decode(payload)?;
+                self.device(req.device)?;
+                let t = req.tensor;
                 let (ty, nbytes) = check_layout(&t)?;
                 let ne = t.ne.map(i64::from);
                 let mut ctx = Context::new();
@@ -899,7 +916,7 @@ impl Session {
                     .map_err(|e| bad_tensor(t.id, e.to_string()))?;
                 let size =
                     (self.server.device.buffer_type().alloc_size(&ctx[leaf]) as u64).max(nbytes);
-                Some(size.to_le_bytes().to_vec())
+                answer(GetAllocSizeResponse { alloc_size: size })
             }
             Command::GraphCompute => {
                 // Admitted by the caller for this very size, or admitted here.
@@ -929,7 +946,7 @@ impl Session {
                 None
             }
             Command::GraphRecompute => {
-                self.device(r.u32()?)?;
+                self.device(GraphRecomputeRequest::decode(payload)?.device)?;
                 let g = self
                     .stored
                     .take()
@@ -945,25 +962,18 @@ impl Session {
 
     /// Where SET_TENSOR's `len` data bytes go, from its fixed part (tensor, cache flag,
     /// offset): the buffer and the position in it, range checked.
-    fn set_target(&self, fixed: &[u8], len: u64) -> Result<(Buffer, usize), ServerError> {
-        let mut r = Reader::new(fixed, "SET_TENSOR");
-        let t = RpcTensor::read(&mut r)?;
-        let _cache = r.u8()?;
-        let offset = r.u64()?;
-        let loc = self.locate(&t)?;
-        let pos = self.range_in_buffer(&loc, offset, len, "SET_TENSOR")?;
+    fn set_target(&self, req: &SetTensorRequest, len: u64) -> Result<(Buffer, usize), ServerError> {
+        let loc = self.locate(&req.tensor)?;
+        let pos = self.range_in_buffer(&loc, req.offset, len, "SET_TENSOR")?;
         Ok((self.buffer(loc.handle)?.buffer.clone(), pos))
     }
 
     /// What GET_TENSOR reads: the buffer, the position in it and the length, range checked
     /// (so the length is at most the buffer's size).
-    fn get_source(&self, payload: &[u8]) -> Result<(Buffer, usize, usize), ServerError> {
-        let mut r = Reader::new(payload, "GET_TENSOR");
-        let t = RpcTensor::read(&mut r)?;
-        let offset = r.u64()?;
-        let size = r.u64()?;
-        let loc = self.locate(&t)?;
-        let pos = self.range_in_buffer(&loc, offset, size, "GET_TENSOR")?;
+    fn get_source(&self, req: &GetTensorRequest) -> Result<(Buffer, usize, usize), ServerError> {
+        let size = req.size;
+        let loc = self.locate(&req.tensor)?;
+        let pos = self.range_in_buffer(&loc, req.offset, size, "GET_TENSOR")?;
         // `size` lies inside a buffer of at most 2^40 bytes.
         Ok((self.buffer(loc.handle)?.buffer.clone(), pos, size as usize))
     }

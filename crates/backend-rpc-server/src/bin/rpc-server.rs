@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backend_rpc::{Server, ServerConfig};
+use backend_rpc_server::{Server, ServerConfig};
 
 struct Args {
     host: String,

@@ -9,13 +9,19 @@
 //! Case counts: `cargo test` runs 2,000 cases; under CI (`CI` set, as `cargo xtask ci` and
 //! `cargo xtask test` do) 10^5 cases, about 75 s in a debug build on one core. `RPC_FUZZ_CASES`
 //! overrides both; for long runs use a release build:
-//! `RPC_FUZZ_CASES=10000000 cargo test --release -p backend-rpc --test fuzz`; measured on the
+//! `RPC_FUZZ_CASES=10000000 cargo test --release -p backend-rpc-server --test fuzz`; measured on the
 //! 2-core CI machine: 10^5 cases in 2 s and 10^6 in 21 s (release), so 10^7 takes ~3.5 min.
 
 mod common;
 
-use backend_rpc::wire::{Command, GraphMessage, RpcTensor};
-use backend_rpc::{ServerConfig, Session};
+use backend_rpc::wire::{
+    AllocBufferRequest, BufferClearRequest, BufferGetBaseRequest, Command, CopyTensorRequest,
+    DeviceCountRequest, FreeBufferRequest, GetAlignmentRequest, GetAllocSizeRequest,
+    GetDeviceMemoryRequest, GetMaxSizeRequest, GetTensorRequest, GraphMessage,
+    GraphRecomputeRequest, InitTensorRequest, MemsetTensorRequest, Request, RpcTensor,
+    SetTensorHashRequest, SetTensorRequest,
+};
+use backend_rpc_server::{ServerConfig, Session};
 use proptest::prelude::*;
 
 const BASE: u64 = 1 << 40;
@@ -45,44 +51,54 @@ fn leaf(id: u64, offset: u64) -> RpcTensor {
     }
 }
 
+/// A typed request as the fuzzer's (command byte, payload) pair.
+fn typed<R: Request>(req: &R) -> (u8, Vec<u8>) {
+    (R::COMMAND as u8, req.to_bytes())
+}
+
 /// Well-formed messages (after HELLO + ALLOC_BUFFER(4096) the buffer is handle 1 at BASE).
 fn templates() -> Vec<(u8, Vec<u8>)> {
-    let mut v = Vec::new();
-    let mut alloc = 0u32.to_le_bytes().to_vec();
-    alloc.extend_from_slice(&4096u64.to_le_bytes());
-    v.push((Command::AllocBuffer as u8, alloc));
-    v.push((Command::BufferGetBase as u8, 1u64.to_le_bytes().to_vec()));
-    let mut set = Vec::new();
-    leaf(1, 0).encode(&mut set);
-    set.push(0);
-    set.extend_from_slice(&0u64.to_le_bytes());
-    set.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
-    v.push((Command::SetTensor as u8, set));
-    let mut get = Vec::new();
-    leaf(1, 0).encode(&mut get);
-    get.extend_from_slice(&0u64.to_le_bytes());
-    get.extend_from_slice(&16u64.to_le_bytes());
-    v.push((Command::GetTensor as u8, get.clone()));
-    v.push((Command::SetTensorHash as u8, get));
-    let mut memset = Vec::new();
-    leaf(1, 32).encode(&mut memset);
-    memset.extend_from_slice(&4u64.to_le_bytes());
-    memset.extend_from_slice(&8u64.to_le_bytes());
-    memset.push(0x5a);
-    v.push((Command::MemsetTensor as u8, memset));
-    let mut copy = Vec::new();
-    leaf(1, 0).encode(&mut copy);
-    leaf(2, 64).encode(&mut copy);
-    v.push((Command::CopyTensor as u8, copy));
-    let mut init = Vec::new();
-    leaf(1, 0).encode(&mut init);
-    v.push((Command::InitTensor as u8, init));
-    let mut alloc_size = 0u32.to_le_bytes().to_vec();
-    leaf(1, 0).encode(&mut alloc_size);
-    for _ in 0..10 {
-        RpcTensor::default().encode(&mut alloc_size);
-    }
-    v.push((Command::GetAllocSize as u8, alloc_size));
+    let mut v = vec![
+        typed(&AllocBufferRequest {
+            device: 0,
+            size: 4096,
+        }),
+        typed(&BufferGetBaseRequest { remote_ptr: 1 }),
+    ];
+    let mut set = typed(&SetTensorRequest {
+        tensor: leaf(1, 0),
+        cache: false,
+        offset: 0,
+    });
+    set.1
+        .extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+    v.push(set);
+    v.push(typed(&GetTensorRequest {
+        tensor: leaf(1, 0),
+        offset: 0,
+        size: 16,
+    }));
+    v.push(typed(&SetTensorHashRequest {
+        tensor: leaf(1, 0),
+        offset: 0,
+        hash: 16,
+    }));
+    v.push(typed(&MemsetTensorRequest {
+        tensor: leaf(1, 32),
+        offset: 4,
+        size: 8,
+        value: 0x5a,
+    }));
+    v.push(typed(&CopyTensorRequest {
+        src: leaf(1, 0),
+        dst: leaf(2, 64),
+    }));
+    v.push(typed(&InitTensorRequest { tensor: leaf(1, 0) }));
+    v.push(typed(&GetAllocSizeRequest {
+        device: 0,
+        tensor: leaf(1, 0),
+        srcs: [RpcTensor::default(); 10],
+    }));
     let mut out = leaf(3, 64);
     out.op = 2;
     out.flags = 18;
@@ -99,16 +115,16 @@ fn templates() -> Vec<(u8, Vec<u8>)> {
         tensors: vec![leaf(1, 0), leaf(2, 32), out, mm],
     };
     v.push((Command::GraphCompute as u8, g.encode()));
-    v.push((Command::GraphRecompute as u8, 0u32.to_le_bytes().to_vec()));
-    v.push((Command::GetDeviceMemory as u8, 0u32.to_le_bytes().to_vec()));
-    v.push((Command::GetAlignment as u8, 0u32.to_le_bytes().to_vec()));
-    v.push((Command::GetMaxSize as u8, 0u32.to_le_bytes().to_vec()));
-    v.push((Command::DeviceCount as u8, Vec::new()));
-    v.push((
-        Command::BufferClear as u8,
-        [1u8, 0, 0, 0, 0, 0, 0, 0, 7].to_vec(),
-    ));
-    v.push((Command::FreeBuffer as u8, 1u64.to_le_bytes().to_vec()));
+    v.push(typed(&GraphRecomputeRequest { device: 0 }));
+    v.push(typed(&GetDeviceMemoryRequest { device: 0 }));
+    v.push(typed(&GetAlignmentRequest { device: 0 }));
+    v.push(typed(&GetMaxSizeRequest { device: 0 }));
+    v.push(typed(&DeviceCountRequest {}));
+    v.push(typed(&BufferClearRequest {
+        remote_ptr: 1,
+        value: 7,
+    }));
+    v.push(typed(&FreeBufferRequest { remote_ptr: 1 }));
     v
 }
 

@@ -9,7 +9,7 @@
 //! the requested number of iterations and reports the elapsed time, so both clients are
 //! measured by the same loop shape (a set is followed by a 1-byte get, a graph compute by a
 //! 64-byte get of its result).
-//! Run: `RPC_SERVER_BIN=… cargo bench -p backend-rpc --bench rpc`.
+//! Run: `RPC_SERVER_BIN=… cargo bench -p backend-rpc-server --bench rpc`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend_core::{Device, tensor_alloc, tensor_get, tensor_set};
-use backend_rpc::{RpcConfig, Server, ServerConfig, connect};
+use backend_rpc::{RpcConfig, connect};
+use backend_rpc_server::{Server, ServerConfig};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use graph::{Context, ElementType, Graph};
 

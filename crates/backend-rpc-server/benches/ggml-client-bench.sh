@@ -30,7 +30,7 @@ SRC=$RPC_DIR/rpc-tool/ggml_client_bench.cpp
 BIN=$RPC_DIR/bin/ggml-client-bench
 mkdir -p "$RPC_DIR/rpc-tool" "$RPC_DIR/bin"
 cat > "$SRC.new" <<'CPP'
-// Timing driver over ggml's RPC client; see backend-rpc/benches/ggml-client-bench.sh.
+// Timing driver over ggml's RPC client; see backend-rpc-server/benches/ggml-client-bench.sh.
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
