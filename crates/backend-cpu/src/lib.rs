@@ -14,7 +14,10 @@
 //!   from another CPU buffer takes the buffer's `cpy_tensor` fast path.
 //! * **Device and registry.** One device named `"CPU"` of type [`backend_core::DeviceType::Cpu`], its memory
 //!   from `/proc/meminfo` (0 where that is missing), in a registry named `"CPU"` that
-//!   [`register`] adds to the [`GlobalRegistry`] (idempotent).
+//!   [`register`] adds to the [`GlobalRegistry`] (idempotent); the device names that registry
+//!   ([`backend_core::Device::registry`]). The registry answers ggml's proc-address names of
+//!   [`backend_core::proc`] (thread count, extra buffer types, abort callback) besides its own
+//!   [`EXT_SET_N_THREADS`] and [`EXT_EXTRA_BUFFER_TYPES`].
 //! * **Backend.** [`CpuBackend`] has a thread count and an abort callback. Compute kernels
 //!   live in `cpu-kernels`; until they are wired in, graph compute succeeds on leafs and view
 //!   ops and reports any other op as [`backend_core::BackendError::UnsupportedOp`].
