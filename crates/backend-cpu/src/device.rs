@@ -155,6 +155,11 @@ fn dev_extra_buffer_types(device: &Device) -> Vec<BufferType> {
     }
 }
 
+/// [`proc::GET_FEATURES`]: the processor's features (the registry argument is the CPU's).
+fn get_features_ext(_registry: &Registry) -> Vec<backend_core::BackendFeature> {
+    crate::features()
+}
+
 /// [`proc::SET_ABORT_CALLBACK`]: [`CpuBackend::set_abort_callback`] of a CPU backend.
 fn set_abort_callback_ext(backend: &Backend, callback: Option<AbortCallback>) -> Result<()> {
     CpuBackend::from_backend(backend)
@@ -174,7 +179,8 @@ impl RegistryImpl for CpuRegistry {
     }
     /// The crate's own names ([`EXT_SET_N_THREADS`], [`EXT_EXTRA_BUFFER_TYPES`]) and ggml's
     /// (the CPU registry's `get_proc_address`): [`proc::SET_N_THREADS`],
-    /// [`proc::DEV_GET_EXTRA_BUFTS`], [`proc::SET_ABORT_CALLBACK`].
+    /// [`proc::DEV_GET_EXTRA_BUFTS`], [`proc::SET_ABORT_CALLBACK`], [`proc::GET_FEATURES`]
+    /// ([`crate::features`]).
     fn extension(&self, name: &str) -> Option<Arc<dyn Any + Send + Sync>> {
         match name {
             n if proc::SET_N_THREADS == *n => proc::SET_N_THREADS.answer(set_n_threads_ext),
@@ -184,6 +190,7 @@ impl RegistryImpl for CpuRegistry {
             n if proc::SET_ABORT_CALLBACK == *n => {
                 proc::SET_ABORT_CALLBACK.answer(set_abort_callback_ext)
             }
+            n if proc::GET_FEATURES == *n => proc::GET_FEATURES.answer(get_features_ext),
             EXT_SET_N_THREADS => {
                 let f: SetNThreads = set_n_threads_ext;
                 Some(Arc::new(f))

@@ -16,8 +16,9 @@
 //!   from `/proc/meminfo` (0 where that is missing), in a registry named `"CPU"` that
 //!   [`register`] adds to the [`GlobalRegistry`] (idempotent); the device names that registry
 //!   ([`backend_core::Device::registry`]). The registry answers ggml's proc-address names of
-//!   [`backend_core::proc`] (thread count, extra buffer types, abort callback) besides its own
-//!   [`EXT_SET_N_THREADS`] and [`EXT_EXTRA_BUFFER_TYPES`].
+//!   [`backend_core::proc`] (thread count, extra buffer types, abort callback, and the
+//!   processor's [`features`]) besides its own [`EXT_SET_N_THREADS`] and
+//!   [`EXT_EXTRA_BUFFER_TYPES`].
 //! * **Backend.** [`CpuBackend`] has a thread count and an abort callback. Compute kernels
 //!   live in `cpu-kernels`; until they are wired in, graph compute succeeds on leafs and view
 //!   ops and reports any other op as [`backend_core::BackendError::UnsupportedOp`].
@@ -45,6 +46,7 @@
 mod backend;
 mod buffer;
 mod device;
+mod features;
 mod heap;
 mod mem;
 
@@ -57,6 +59,7 @@ pub use buffer::{CPU_BUFFER_TYPE_NAME, CPU_MAPPED_BUFFER_TYPE_NAME, MAPPED_ALIGN
 pub use device::{
     CPU_NAME, EXT_EXTRA_BUFFER_TYPES, EXT_SET_N_THREADS, ExtraBufferTypes, SetNThreads,
 };
+pub use features::{KERNELS_FEATURE, features};
 pub use heap::{limit_heap_arenas, release_free_memory, return_large_frees_to_os};
 pub use mem::ALIGNMENT;
 
