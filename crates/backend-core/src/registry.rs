@@ -3,7 +3,15 @@
 //!
 //! There is no central list of backends: each backend crate registers its [`Registry`] (for
 //! example from its own `register()` function) and the global registry only keeps what it is
-//! given. Registration is thread-safe and idempotent by registry name.
+//! given. Registration is thread-safe and idempotent by registry name. A device can also be
+//! registered on its own ([`GlobalRegistry::register_device`], ggml's
+//! `ggml_backend_device_register`), for a crate that drives one device and has no registry of
+//! its own; either way a device names the registry it belongs to, if any, through
+//! [`Device::registry`].
+//!
+//! A registry's backend-specific entry points are looked up by name
+//! ([`Registry::extension`], ggml's `get_proc_address`); [`Registry::proc_address`] does the same
+//! with a [`ProcName`] that also fixes the answer's type (see [`crate::proc`]).
 
 use std::any::Any;
 use std::fmt;
@@ -14,6 +22,7 @@ use parking_lot::RwLock;
 use crate::backend::Backend;
 use crate::device::{Device, DeviceType};
 use crate::error::{BackendError, Result};
+use crate::proc::{self, BackendFeature, ProcName};
 
 /// What a backend crate implements once (`ggml_backend_reg_i`).
 pub trait RegistryImpl: Send + Sync + 'static {
@@ -83,6 +92,42 @@ impl Registry {
     pub fn extension_as<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
         self.0.extension(name)?.downcast::<T>().ok()
     }
+
+    /// The answer to a typed proc-address name (`ggml_backend_reg_get_proc_address` with the
+    /// cast `ggml-backend.h` declares for that name): `None` if the registry does not answer
+    /// the name or answers it with another type.
+    ///
+    /// ```
+    /// # use backend_core::*;
+    /// # use std::{any::Any, sync::Arc};
+    /// const ANSWER: ProcName<fn() -> u32> = ProcName::new("demo_answer");
+    /// struct Reg;
+    /// impl RegistryImpl for Reg {
+    ///     fn name(&self) -> &str { "demo" }
+    ///     fn devices(&self) -> Vec<Device> { Vec::new() }
+    ///     fn extension(&self, name: &str) -> Option<Arc<dyn Any + Send + Sync>> {
+    ///         match name {
+    ///             n if ANSWER == *n => ANSWER.answer(|| 42),
+    ///             _ => None,
+    ///         }
+    ///     }
+    /// }
+    /// let reg = Registry::new(Reg);
+    /// assert_eq!(reg.proc_address(ANSWER).unwrap()(), 42);
+    /// assert!(reg.proc_address(proc::GET_FEATURES).is_none());
+    /// assert!(reg.features().is_empty());
+    /// ```
+    pub fn proc_address<T: Any + Send + Sync>(&self, name: ProcName<T>) -> Option<Arc<T>> {
+        self.extension_as::<T>(name.name())
+    }
+
+    /// The registry's feature list, through its [`proc::GET_FEATURES`] entry point (ggml's
+    /// `ggml_backend_get_features`); empty when the registry has none.
+    pub fn features(&self) -> Vec<BackendFeature> {
+        self.proc_address(proc::GET_FEATURES)
+            .map(|f| f(self))
+            .unwrap_or_default()
+    }
 }
 
 impl PartialEq for Registry {
@@ -108,7 +153,24 @@ impl fmt::Debug for Registry {
 /// ```
 #[derive(Default)]
 pub struct GlobalRegistry {
-    regs: RwLock<Vec<Registry>>,
+    entries: RwLock<Vec<Entry>>,
+}
+
+/// One registration, kept in registration order so that devices enumerate in that order.
+#[derive(Clone)]
+enum Entry {
+    Registry(Registry),
+    /// A device registered on its own ([`GlobalRegistry::register_device`]).
+    Device(Device),
+}
+
+impl Entry {
+    fn devices(&self) -> Vec<Device> {
+        match self {
+            Entry::Registry(r) => r.devices(),
+            Entry::Device(d) => vec![d.clone()],
+        }
+    }
 }
 
 impl GlobalRegistry {
@@ -120,27 +182,69 @@ impl GlobalRegistry {
 
     /// Add `reg` unless one with the same name is there; returns whether it was added.
     pub fn register(&self, reg: Registry) -> bool {
-        let mut regs = self.regs.write();
-        if regs.iter().any(|r| r.name() == reg.name()) {
+        let mut entries = self.entries.write();
+        if entries
+            .iter()
+            .any(|e| matches!(e, Entry::Registry(r) if r.name() == reg.name()))
+        {
             return false;
         }
         tracing::debug!(registry = reg.name(), "registered backend registry");
-        regs.push(reg);
+        entries.push(Entry::Registry(reg));
+        true
+    }
+
+    /// Add one device on its own (ggml's `ggml_backend_device_register`), for a device whose
+    /// crate has no registry to register; it enumerates after the devices registered before
+    /// it. Returns whether it was added: a device of the same name already enumerated (on its
+    /// own or through a registry) is not added again, so registration is idempotent.
+    ///
+    /// The device keeps answering [`Device::registry`] as its implementation says; registering
+    /// it does not register that registry.
+    ///
+    /// ```
+    /// use backend_core::GlobalRegistry;
+    ///
+    /// let global = GlobalRegistry::default(); // a private one; `GlobalRegistry::get()` in use
+    /// let dev = backend_cpu::cpu_device();
+    /// assert!(global.register_device(dev.clone()));
+    /// assert!(!global.register_device(dev.clone()));
+    /// assert_eq!(global.devices(), vec![dev.clone()]);
+    /// assert_eq!(global.device_by_name("cpu")?, dev);
+    /// assert!(global.registries().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_device(&self, device: Device) -> bool {
+        let mut entries = self.entries.write();
+        if entries
+            .iter()
+            .flat_map(Entry::devices)
+            .any(|d| d.name() == device.name())
+        {
+            return false;
+        }
+        tracing::debug!(device = device.name(), "registered device");
+        entries.push(Entry::Device(device));
         true
     }
 
     /// Every registry, in registration order.
     pub fn registries(&self) -> Vec<Registry> {
-        self.regs.read().clone()
+        self.entries
+            .read()
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Registry(r) => Some(r.clone()),
+                Entry::Device(_) => None,
+            })
+            .collect()
     }
 
     /// The registry named `name` (case-insensitive).
     pub fn registry(&self, name: &str) -> Option<Registry> {
-        self.regs
-            .read()
-            .iter()
+        self.registries()
+            .into_iter()
             .find(|r| r.name().eq_ignore_ascii_case(name))
-            .cloned()
     }
 
     /// The registry named `name` (case-insensitive), or [`BackendError::NotFound`].
@@ -149,14 +253,20 @@ impl GlobalRegistry {
             .ok_or_else(|| BackendError::not_found("registry", name))
     }
 
-    /// Number of devices over all registries (`ggml_backend_dev_count`).
+    /// Number of devices over all registries and devices registered on their own
+    /// (`ggml_backend_dev_count`).
     pub fn device_count(&self) -> usize {
-        self.regs.read().iter().map(|r| r.devices().len()).sum()
+        self.entries.read().iter().map(|e| e.devices().len()).sum()
     }
 
-    /// Every device of every registry, in registration order.
+    /// Every device of every registry and every device registered on its own, in
+    /// registration order.
     pub fn devices(&self) -> Vec<Device> {
-        self.regs.read().iter().flat_map(|r| r.devices()).collect()
+        self.entries
+            .read()
+            .iter()
+            .flat_map(Entry::devices)
+            .collect()
     }
 
     /// The device named `name` (case-insensitive).

@@ -16,8 +16,9 @@ use graph::{Context, GraphView, TensorId};
 use crate::device::CPU_NAME;
 
 /// The abort callback: polled between nodes; returning `true` stops the computation, which
-/// then reports [`ComputeStatus::Aborted`].
-pub type AbortCallback = Arc<dyn Fn() -> bool + Send + Sync>;
+/// then reports [`ComputeStatus::Aborted`]. The same type as [`backend_core::AbortCallback`],
+/// which the registry's `ggml_backend_set_abort_callback` entry point takes.
+pub type AbortCallback = backend_core::AbortCallback;
 
 /// The CPU backend's guid.
 pub const CPU_GUID: Guid = *b"rs-ggml-cpu-be01";

@@ -3,9 +3,10 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use backend_core::proc::{self, AbortCallback};
 use backend_core::{
-    Backend, BackendError, Buffer, BufferType, DeviceCaps, DeviceImpl, DeviceType, HostMemory,
-    RegistryImpl, Result,
+    Backend, BackendError, Buffer, BufferType, Device, DeviceCaps, DeviceImpl, DeviceType,
+    HostMemory, Registry, RegistryImpl, Result,
 };
 use graph::{Context, TensorId};
 
@@ -39,7 +40,7 @@ impl DeviceImpl for CpuDevice {
             events: false,
         }
     }
-    fn init_backend(&self, device: &backend_core::Device, params: &str) -> Result<Backend> {
+    fn init_backend(&self, device: &Device, params: &str) -> Result<Backend> {
         let n_threads = parse_params(params)?;
         let b = CpuBackend::with_device(device.clone());
         if let Some(n) = n_threads {
@@ -65,6 +66,9 @@ impl DeviceImpl for CpuDevice {
     }
     fn supports_buft(&self, buft: &BufferType) -> bool {
         buft.is_host() || *buft == crate::cpu_repack_buffer_type()
+    }
+    fn registry(&self) -> Option<Registry> {
+        Some(crate::cpu_registry())
     }
 }
 
@@ -117,8 +121,9 @@ pub(crate) fn cpu_description() -> String {
 pub const EXT_SET_N_THREADS: &str = "set_n_threads";
 
 /// The type of the [`EXT_SET_N_THREADS`] extension: set the thread count of a CPU backend;
-/// [`BackendError::Unsupported`] for another kind of backend.
-pub type SetNThreads = fn(&Backend, usize) -> Result<()>;
+/// [`BackendError::Unsupported`] for another kind of backend. The same type answers ggml's
+/// name [`proc::SET_N_THREADS`].
+pub type SetNThreads = proc::SetNThreadsFn;
 
 fn set_n_threads_ext(backend: &Backend, n: usize) -> Result<()> {
     CpuBackend::from_backend(backend)
@@ -140,17 +145,52 @@ fn extra_buffer_types() -> Vec<BufferType> {
     vec![crate::cpu_repack_buffer_type()]
 }
 
+/// [`proc::DEV_GET_EXTRA_BUFTS`]: the CPU device's extra buffer types; none for another
+/// device, which is not the CPU registry's to describe.
+fn dev_extra_buffer_types(device: &Device) -> Vec<BufferType> {
+    if *device == crate::cpu_device() {
+        extra_buffer_types()
+    } else {
+        Vec::new()
+    }
+}
+
+/// [`proc::GET_FEATURES`]: the processor's features (the registry argument is the CPU's).
+fn get_features_ext(_registry: &Registry) -> Vec<backend_core::BackendFeature> {
+    crate::features()
+}
+
+/// [`proc::SET_ABORT_CALLBACK`]: [`CpuBackend::set_abort_callback`] of a CPU backend.
+fn set_abort_callback_ext(backend: &Backend, callback: Option<AbortCallback>) -> Result<()> {
+    CpuBackend::from_backend(backend)
+        .ok_or_else(|| BackendError::unsupported(backend.name(), "CPU abort callback"))?
+        .set_abort_callback(callback);
+    Ok(())
+}
+
 pub(crate) struct CpuRegistry;
 
 impl RegistryImpl for CpuRegistry {
     fn name(&self) -> &str {
         CPU_NAME
     }
-    fn devices(&self) -> Vec<backend_core::Device> {
+    fn devices(&self) -> Vec<Device> {
         vec![crate::cpu_device()]
     }
+    /// The crate's own names ([`EXT_SET_N_THREADS`], [`EXT_EXTRA_BUFFER_TYPES`]) and ggml's
+    /// (the CPU registry's `get_proc_address`): [`proc::SET_N_THREADS`],
+    /// [`proc::DEV_GET_EXTRA_BUFTS`], [`proc::SET_ABORT_CALLBACK`], [`proc::GET_FEATURES`]
+    /// ([`crate::features`]).
     fn extension(&self, name: &str) -> Option<Arc<dyn Any + Send + Sync>> {
         match name {
+            n if proc::SET_N_THREADS == *n => proc::SET_N_THREADS.answer(set_n_threads_ext),
+            n if proc::DEV_GET_EXTRA_BUFTS == *n => {
+                proc::DEV_GET_EXTRA_BUFTS.answer(dev_extra_buffer_types)
+            }
+            n if proc::SET_ABORT_CALLBACK == *n => {
+                proc::SET_ABORT_CALLBACK.answer(set_abort_callback_ext)
+            }
+            n if proc::GET_FEATURES == *n => proc::GET_FEATURES.answer(get_features_ext),
             EXT_SET_N_THREADS => {
                 let f: SetNThreads = set_n_threads_ext;
                 Some(Arc::new(f))

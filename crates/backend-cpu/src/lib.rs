@@ -14,9 +14,13 @@
 //!   size; a copy from another CPU buffer takes the buffer's `cpy_tensor` fast path.
 //! * **Device and registry.** One device named `"CPU"` of type [`backend_core::DeviceType::Cpu`], its memory
 //!   from `/proc/meminfo` (0 where that is missing), in a registry named `"CPU"` that
-//!   [`register`] adds to the [`GlobalRegistry`] (idempotent). Besides `"CPU"` it offers the
-//!   weight buffer type [`cpu_repack_buffer_type`] (`"CPU_REPACK"`), and it reads tensors in
-//!   any host buffer type and in `"CPU_REPACK"`.
+//!   [`register`] adds to the [`GlobalRegistry`] (idempotent); the device names that registry
+//!   ([`backend_core::Device::registry`]). The registry answers ggml's proc-address names of
+//!   [`backend_core::proc`] (thread count, extra buffer types, abort callback, and the
+//!   processor's [`features`]) besides its own [`EXT_SET_N_THREADS`] and
+//!   [`EXT_EXTRA_BUFFER_TYPES`]. Besides `"CPU"` it offers the weight buffer type
+//!   [`cpu_repack_buffer_type`] (`"CPU_REPACK"`), and it reads tensors in any host buffer type
+//!   and in `"CPU_REPACK"`.
 //! * **Compute.** [`CpuBackend`] computes graphs with the kernels of `cpu-kernels`
 //!   (`cpu_kernels::CpuCompute`) on a worker pool of its thread count (made on first compute,
 //!   remade only when more threads are asked for), node by node, polling its abort callback
@@ -54,6 +58,7 @@
 mod backend;
 mod buffer;
 mod device;
+mod features;
 mod heap;
 mod mem;
 
@@ -66,6 +71,7 @@ pub use buffer::{CPU_BUFFER_TYPE_NAME, CPU_MAPPED_BUFFER_TYPE_NAME, MAPPED_ALIGN
 pub use device::{
     CPU_NAME, EXT_EXTRA_BUFFER_TYPES, EXT_SET_N_THREADS, ExtraBufferTypes, SetNThreads,
 };
+pub use features::{KERNELS_FEATURE, features};
 pub use heap::{limit_heap_arenas, release_free_memory, return_large_frees_to_os};
 pub use mem::ALIGNMENT;
 

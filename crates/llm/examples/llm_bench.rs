@@ -100,6 +100,16 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 fn run(a: &Args) -> llm::Result<()> {
+    // What the CPU offers (ggml_backend_get_features), for reading the figures: stderr, since
+    // stdout carries only results.
+    let cpu = backend_cpu::features();
+    eprintln!(
+        "CPU: {}",
+        cpu.iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
     let path = llm::find_model(a.model.as_deref())?;
     let file = llm::open_gguf(&path)?;
     let mut model = Llama::new(
