@@ -123,21 +123,18 @@ pub(crate) fn flags_line_has(cpuinfo: &str, flag: &str) -> bool {
         .is_some_and(|(_, flags)| flags.split_whitespace().any(|f| f == flag))
 }
 
-/// The vector path `cpu-kernels` dispatches to: the same checks as its quantized and float
-/// kernels make (AVX2 with FMA and F16C; that plus AVX-512 F/BW/VL/VNNI).
+/// The widest vector path `cpu-kernels` dispatches to, from its own report
+/// ([`cpu_kernels::isa_paths`]: the predicates its kernels call).
 pub(crate) fn kernel_path() -> &'static str {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
-            return "AVX512";
-        }
-        if avx2 {
-            return "AVX2";
-        }
+    let paths = cpu_kernels::isa_paths();
+    let runs = |name: &str| paths.iter().any(|p| p.name == name && p.runs_here);
+    if runs("avx512") {
+        "AVX512"
+    } else if runs("avx2") {
+        "AVX2"
+    } else {
+        "SCALAR"
     }
-    "SCALAR"
 }
 
 #[cfg(test)]
