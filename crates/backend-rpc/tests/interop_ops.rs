@@ -228,8 +228,15 @@ fn fixture_ops_on_the_real_server_match_our_cpu() {
     let mut passed: BTreeMap<String, usize> = BTreeMap::new();
     let mut failures = Vec::new();
 
-    // 1. The kit's cases.
-    let report = check_ops(&remote, &cpu, &OpOptions::default());
+    // 1. The kit's cases, in F32 and the fixtures' types only: our client, like ggml's, claims
+    // every op it can send (protocol 7 cannot ask the server), and ggml's CPU server aborts
+    // its whole process on some element-wise ops in F16 (SCALE), which the kit would run
+    // for a backend claiming them.
+    let opts = OpOptions {
+        claimed_types: false,
+        ..OpOptions::default()
+    };
+    let report = check_ops(&remote, &cpu, &opts);
     if std::env::var_os("RPC_SERVER_LOG").is_some() {
         #[allow(clippy::print_stderr)]
         {
