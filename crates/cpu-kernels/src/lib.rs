@@ -381,6 +381,22 @@ impl CpuCompute {
         self.pool.lock().n_threads()
     }
 
+    /// How many times the pool's workers have gone to sleep (blocked on a condition variable
+    /// after polling for work) since the engine was made. Workers poll for a few microseconds
+    /// between jobs and sleep only when idle longer, so a count that climbs during a model's
+    /// decode says the hand-over between ops waits for wake-ups.
+    ///
+    /// ```
+    /// let compute = cpu_kernels::CpuCompute::new(2);
+    /// // An idle worker goes to sleep soon after it starts.
+    /// while compute.worker_sleeps() == 0 {
+    ///     std::thread::sleep(std::time::Duration::from_millis(1));
+    /// }
+    /// ```
+    pub fn worker_sleeps(&self) -> u64 {
+        self.pool.lock().worker_sleeps()
+    }
+
     /// Compute every node of `graph` in order with all threads. `abort` is polled before each
     /// node (before each run of products of one input, which compute together); when it
     /// returns `true` the compute stops with [`ComputeStatus::Aborted`] (nodes computed so far

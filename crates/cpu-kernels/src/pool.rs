@@ -67,6 +67,8 @@ struct Shared {
     sleepers: AtomicUsize,
     /// The caller is asleep on `done` (or about to be): the last worker wakes it.
     waiting: AtomicBool,
+    /// Times a worker blocked on `work` (each `wait`), for [`Pool::worker_sleeps`].
+    sleeps: AtomicU64,
 }
 
 /// Take a lock of the pool. Nothing panics while holding one, and they guard no data that a
@@ -138,6 +140,7 @@ impl Pool {
             done: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             waiting: AtomicBool::new(false),
+            sleeps: AtomicU64::new(0),
         });
         let mut handles = Vec::with_capacity(n_threads - 1);
         // Each worker reports once it runs: a new thread's start-up (its name copied for the
@@ -185,6 +188,11 @@ impl Pool {
     /// Threads available (workers + caller).
     pub fn n_threads(&self) -> usize {
         self.n_threads
+    }
+
+    /// How many times a worker has blocked on the condition variable since the pool started.
+    pub fn worker_sleeps(&self) -> u64 {
+        self.shared.sleeps.load(Ordering::Relaxed)
     }
 
     /// Run `f(ith)` for `ith in 0..n` (`n` clamped to the pool size), `f(0)` on this thread,
@@ -261,6 +269,7 @@ fn worker(sh: Arc<Shared>, ith: usize) {
             // SeqCst, with the caller's epoch bump and `sleepers` load (see `Pool::run`).
             sh.sleepers.fetch_add(1, Ordering::SeqCst);
             while sh.epoch.0.load(Ordering::SeqCst) == seen && !sh.shutdown.load(Ordering::SeqCst) {
+                sh.sleeps.fetch_add(1, Ordering::Relaxed);
                 g = sh.work.wait(g).unwrap_or_else(PoisonError::into_inner);
             }
             sh.sleepers.fetch_sub(1, Ordering::SeqCst);

@@ -8,7 +8,7 @@
 //! (`crates/llm/tests/no_alloc.rs`). This test is its own binary so that nothing else in the
 //! process has blocked before it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use alloc_counter::{CountingAllocator, allocations};
 use cpu_kernels::CpuCompute;
@@ -16,13 +16,21 @@ use cpu_kernels::CpuCompute;
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator::PROCESS;
 
-/// Allocations made by starting a two-thread engine and leaving it idle for long enough that
-/// its worker goes to sleep (it polls for about 20 µs first).
+/// Allocations made by starting a two-thread engine and leaving it idle until its worker has
+/// gone to sleep (it polls for about 20 µs first), as the pool's own sleep counter shows; a
+/// worker that never sleeps within 10 s fails the test.
 fn allocations_of_an_engine_going_idle() -> usize {
     let before = allocations();
     let compute = CpuCompute::new(2);
     assert_eq!(compute.n_threads(), 2);
-    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    while compute.worker_sleeps() == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the idle worker did not go to sleep within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let n = allocations() - before;
     drop(compute);
     n
