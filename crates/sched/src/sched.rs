@@ -27,6 +27,10 @@ use crate::error::SchedError;
 use crate::galloc::{AllocError, GraphAllocator};
 use crate::trace::{SpanKind, TraceSink, TraceSpan};
 
+mod backend_id;
+
+use backend_id::{BackendId, PackedBackend, Settled};
+
 /// Most backends one scheduler drives (`GGML_SCHED_MAX_BACKENDS`).
 pub const MAX_BACKENDS: usize = 16;
 /// Inputs per split at which a new split is started (`GGML_SCHED_MAX_SPLIT_INPUTS`, which is
@@ -99,20 +103,17 @@ impl std::fmt::Display for Cause {
 
 const NO_COPIES: u32 = u32::MAX;
 
-/// Pass 4's note for pass 5 on a compute node not settled on one backend with its sources.
-const UNSETTLED: i32 = i32::MIN;
-
 /// Per-tensor state, valid when `key` is `(epoch << 32) | generation` of the tensor asked
 /// about (an index reused after a context rewind carries another generation; epochs start at
 /// 1, so the empty key 0 never matches).
 #[derive(Copy, Clone, Debug, Default)]
 struct Slot {
     key: u64,
-    /// -1 or an index of the scheduler's backends: every writer gives one (the passes take
+    /// None or an index of the scheduler's backends: every writer gives one (the passes take
     /// them from the device list, `set_tensor_backend` checks the caller's), which is what
-    /// indexing `backends`, `devices`, `bufts` and `backend_buft_devices` by a non-negative
-    /// backend relies on.
-    backend: i32,
+    /// indexing `backends`, `devices`, `bufts` and `backend_buft_devices` by a backend relies
+    /// on.
+    backend: PackedBackend,
     cause: Cause,
     /// Index of this tensor's block in the copy table, or `NO_COPIES`.
     copies: u32,
@@ -133,7 +134,7 @@ impl Slot {
     fn fresh(key: u64) -> Slot {
         Slot {
             key,
-            backend: -1,
+            backend: PackedBackend::NONE,
             cause: Cause::None,
             copies: NO_COPIES,
             copies_epoch: 0,
@@ -163,20 +164,20 @@ impl Slot {
 
     /// Give `t` backend `b` by `cause` in `slots`, which must hold `t`'s index.
     #[inline(always)]
-    fn set_in(slots: &mut [Slot], key_hi: u64, t: TensorId, b: i32, cause: Cause) {
+    fn set_in(slots: &mut [Slot], key_hi: u64, t: TensorId, b: PackedBackend, cause: Cause) {
         let s = Self::current_in(slots, key_hi, t);
         s.backend = b;
         s.cause = cause;
     }
 
-    /// The backend of `t` in `slots` (-1 when its slot is not current).
+    /// The backend of `t` in `slots` (none when its slot is not current).
     #[inline(always)]
-    fn backend_in(slots: &[Slot], key_hi: u64, t: TensorId) -> i32 {
+    fn backend_in(slots: &[Slot], key_hi: u64, t: TensorId) -> PackedBackend {
         let key = Self::key_of(key_hi, t);
         slots
             .get(t.index())
             .filter(|s| s.key == key)
-            .map_or(-1, |s| s.backend)
+            .map_or(PackedBackend::NONE, |s| s.backend)
     }
 }
 
@@ -276,7 +277,7 @@ impl BufferMemo {
 /// from other backends before it runs.
 #[derive(Clone, Debug, Default)]
 pub struct Split {
-    backend: usize,
+    backend: BackendId,
     start: usize,
     end: usize,
     inputs: Vec<TensorId>,
@@ -285,7 +286,7 @@ pub struct Split {
 impl Split {
     /// Index of the backend that computes this split.
     pub fn backend(&self) -> usize {
-        self.backend
+        self.backend.index()
     }
     /// First node (index in the user graph).
     pub fn start(&self) -> usize {
@@ -379,10 +380,10 @@ pub struct Scheduler {
     upgradable: Vec<bool>,
     copy_table: Vec<Option<TensorId>>,
 
-    node_ids: Vec<i32>,
-    leaf_ids: Vec<i32>,
-    prev_node_ids: Vec<i32>,
-    prev_leaf_ids: Vec<i32>,
+    node_ids: Vec<PackedBackend>,
+    leaf_ids: Vec<PackedBackend>,
+    prev_node_ids: Vec<PackedBackend>,
+    prev_leaf_ids: Vec<PackedBackend>,
     node_buf_ids: Vec<usize>,
     leaf_buf_ids: Vec<usize>,
 
@@ -397,7 +398,9 @@ pub struct Scheduler {
     scratch: Vec<usize>,
     /// The backend of each of `scratch`'s compute nodes during passes 2 and 3 (a dense
     /// mirror of their slots, which the sweeps read without a slot lookup).
-    scratch_bids: Vec<i32>,
+    scratch_bids: Vec<PackedBackend>,
+    /// Pass 4's note on each of `scratch`'s compute nodes for pass 5.
+    scratch_settled: Vec<Settled>,
 
     callback: Option<EvalCallback>,
     trace: Option<Box<dyn TraceSink>>,
@@ -532,6 +535,7 @@ impl Scheduler {
             rewritten: false,
             scratch: Vec::new(),
             scratch_bids: Vec::new(),
+            scratch_settled: Vec::new(),
             callback: None,
             trace: None,
         };
@@ -677,15 +681,15 @@ impl Scheduler {
         Slot::current_in(&mut self.slots, key_hi, t)
     }
 
-    fn bid(&self, t: TensorId) -> i32 {
-        self.slot(t).map_or(-1, |s| s.backend)
+    fn bid(&self, t: TensorId) -> PackedBackend {
+        self.slot(t).map_or(PackedBackend::NONE, |s| s.backend)
     }
 
-    fn bid_opt(&self, t: Option<TensorId>) -> i32 {
-        t.map_or(-1, |t| self.bid(t))
+    fn bid_opt(&self, t: Option<TensorId>) -> PackedBackend {
+        t.map_or(PackedBackend::NONE, |t| self.bid(t))
     }
 
-    fn set_bid(&mut self, t: TensorId, b: i32, cause: Cause) {
+    fn set_bid(&mut self, t: TensorId, b: PackedBackend, cause: Cause) {
         let s = self.slot_mut(t);
         s.backend = b;
         s.cause = cause;
@@ -734,8 +738,7 @@ impl Scheduler {
 
     /// The backend assigned to `t`, if any (`ggml_backend_sched_get_tensor_backend`).
     pub fn tensor_backend(&self, t: TensorId) -> Option<usize> {
-        let b = self.bid(t);
-        (b >= 0).then_some(b as usize)
+        self.bid(t).get().map(BackendId::index)
     }
 
     /// Which rule assigned `t` its backend.
@@ -761,7 +764,7 @@ impl Scheduler {
                 n: self.backends.len(),
             });
         }
-        self.set_bid(t, b as i32, Cause::User);
+        self.set_bid(t, BackendId::new(b).into(), Cause::User);
         self.is_reset = false;
         Ok(())
     }
@@ -815,20 +818,20 @@ impl Scheduler {
         st: &graph::TensorStorage,
         t: &Tensor,
         op: TensorId,
-    ) -> i32 {
+    ) -> PackedBackend {
         // foreign storage has no devices (`BufferFacts::default`)
         let mut m = facts.devices;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             if devices[i].supports_op(ctx, op) {
-                return i as i32;
+                return BackendId::new(i).into();
             }
             m &= m - 1;
         }
         if facts.ours {
             Self::log_no_backend(st, t);
         }
-        -1
+        PackedBackend::NONE
     }
 
     #[cold]
@@ -850,7 +853,7 @@ impl Scheduler {
         ctx: &Context,
         id: TensorId,
         t: &Tensor,
-    ) -> Result<(i32, Cause)> {
+    ) -> Result<(PackedBackend, Cause)> {
         // the view root, looked up once (a stale one only fails below, as the seed's order has
         // it: its storage counts as none first)
         let view_root = t.view_src().map(|vs| ctx.get(vs));
@@ -861,20 +864,20 @@ impl Scheduler {
         if let Some(st) = root {
             let facts = memo.facts(st, devices);
             let b = Self::backend_from_facts(devices, ctx, facts, st, t, id);
-            if b != -1 {
+            if b.is_some() {
                 return Ok((b, Cause::Dst));
             }
         }
         if let Some(vt) = view_root {
             let vt = vt?;
             // A root that is no view itself decides through the storage just asked about,
-            // with the same op: the answer is the same -1, so it is not asked again.
+            // with the same op: the answer is the same "none", so it is not asked again.
             if vt.view_src().is_some()
                 && let Some(vst) = Self::root_storage(ctx, vt)
             {
                 let facts = memo.facts(vst, devices);
                 let b = Self::backend_from_facts(devices, ctx, facts, vst, vt, id);
-                if b != -1 {
+                if b.is_some() {
                     return Ok((b, Cause::ViewSrc));
                 }
             }
@@ -887,14 +890,15 @@ impl Scheduler {
                 op: t.op().name(),
             });
         }
+        // the scheduler has at least one backend
+        let last = BackendId::new(devices.len() - 1);
         if t.flags().contains(TensorFlags::INPUT) {
-            return Ok((devices.len() as i32 - 1, Cause::Input));
+            return Ok((last.into(), Cause::Input));
         }
         if t.op() == Op::Rope {
             // ROPE does not follow its weights: the seed skips every source of a ROPE
-            return Ok((-1, Cause::None));
+            return Ok((PackedBackend::NONE, Cause::None));
         }
-        let last = devices.len() as i32 - 1;
         for (i, s) in t.srcs_used().iter().enumerate() {
             let Some(s) = *s else { continue };
             let src = ctx.get(s)?;
@@ -908,15 +912,15 @@ impl Scheduler {
             // `src` is no view (it has its own storage), so its buffer decides
             let sb = Self::backend_from_facts(devices, ctx, facts, st, src, id);
             if sb == last && facts.host {
-                for (b, d) in devices[..sb as usize].iter().enumerate() {
+                for (b, d) in devices[..last.index()].iter().enumerate() {
                     if d.supports_op(ctx, id) && d.offload_op(ctx, id) {
-                        return Ok((b as i32, Cause::Offload));
+                        return Ok((BackendId::new(b).into(), Cause::Offload));
                     }
                 }
             }
             return Ok((sb, Cause::Weight(i as u8)));
         }
-        Ok((-1, Cause::None))
+        Ok((PackedBackend::NONE, Cause::None))
     }
 
     /// `ggml_backend_sched_buffer_supported`.
@@ -926,22 +930,22 @@ impl Scheduler {
             Some(st) => self.buffer_facts(st).devices,
             None => {
                 let mut id = self.bid(t);
-                if id == -1 {
+                if id.is_none() {
                     id = self.bid_opt(tt.view_src());
                 }
-                if id == -1 {
+                let Some(id) = id.get() else {
                     return false;
-                }
-                self.backend_buft_devices[id as usize]
+                };
+                self.backend_buft_devices[id.index()]
             }
         };
         devices & (1 << b) != 0
     }
 
     /// Assign `node` to `cur` if its device runs the op; returns whether it did.
-    fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: i32) -> bool {
-        if self.devices[cur as usize].supports_op(ctx, node) {
-            self.set_bid(node, cur, Cause::Expand);
+    fn set_if_supported(&mut self, ctx: &Context, node: TensorId, cur: BackendId) -> bool {
+        if self.devices[cur.index()].supports_op(ctx, node) {
+            self.set_bid(node, cur.into(), Cause::Expand);
             true
         } else {
             false
@@ -1030,8 +1034,10 @@ impl Scheduler {
         // pass 1 also lists the compute (non-view) nodes and their backends for passes 2, 3
         let mut compute = std::mem::take(&mut self.scratch);
         let mut bids = std::mem::take(&mut self.scratch_bids);
+        let mut settled = std::mem::take(&mut self.scratch_settled);
         compute.clear();
         bids.clear();
+        settled.clear();
         let r = self
             .pass1(ctx, graph, &mut compute, &mut bids)
             .and_then(|any_gpu| {
@@ -1040,12 +1046,13 @@ impl Scheduler {
                 self.pass2(ctx, nodes, &compute, &mut bids, any_gpu);
                 self.pass3(ctx, nodes, &compute, &bids)?;
                 let key_hi = self.key_hi();
-                Self::pass4(&mut self.slots, key_hi, ctx, graph, &mut bids)?;
+                Self::pass4(&mut self.slots, key_hi, ctx, graph, &mut settled)?;
                 // pass 5: splits and input copies
-                self.pass5(ctx, graph, &compute, &bids)
+                self.pass5(ctx, graph, &compute, &settled)
             });
         self.scratch = compute;
         self.scratch_bids = bids;
+        self.scratch_settled = settled;
         r?;
 
         if self.debug > 0 {
@@ -1069,11 +1076,11 @@ impl Scheduler {
         ctx: &Context,
         id: TensorId,
         t: &Tensor,
-    ) -> Result<i32> {
+    ) -> Result<PackedBackend> {
         let key = Slot::key_of(key_hi, id);
         let s = &mut slots[id.index()];
         if s.key == key {
-            if s.backend != -1 {
+            if s.backend.is_some() {
                 return Ok(s.backend);
             }
         } else {
@@ -1098,11 +1105,10 @@ impl Scheduler {
         ctx: &Context,
         graph: &Graph,
         compute: &mut Vec<usize>,
-        bids: &mut Vec<i32>,
+        bids: &mut Vec<PackedBackend>,
     ) -> Result<bool> {
         let nodes = graph.nodes();
         let leafs = graph.leafs();
-        let n_b = self.backends.len() as i32;
         // pass 1: pre-allocated tensors, inputs, ops on weights
         // every tensor of the context gets a slot up front
         if let Some(last) = ctx.len().checked_sub(1) {
@@ -1119,14 +1125,14 @@ impl Scheduler {
             Self::assign(slots, memo, devices, key_hi, ctx, leaf, t)?;
         }
         // whether any node sits on a backend other than the last one: the first two sweeps of
-        // pass 2 expand only such assignments, and are skipped without one (one backend); -1
-        // (none) wraps to no such backend
-        let n_first = (n_b - 1).max(0) as u32;
+        // pass 2 expand only such assignments, and are skipped without one (one backend); none
+        // is no such backend
+        let n_first = self.backends.len() - 1;
         let mut any_gpu = false;
         for (pos, &node) in nodes.iter().enumerate() {
             let t = ctx.get(node)?;
             let b = Self::assign(slots, memo, devices, key_hi, ctx, node, t)?;
-            any_gpu |= (b as u32) < n_first;
+            any_gpu |= b.is_below(n_first);
             if !t.op().is_view_op() {
                 compute.push(pos);
                 bids.push(b);
@@ -1146,7 +1152,7 @@ impl Scheduler {
         ctx: &Context,
         nodes: &[TensorId],
         compute: &[usize],
-        bids: &mut [i32],
+        bids: &mut [PackedBackend],
         any_gpu: bool,
     ) {
         let n = compute.len().min(bids.len());
@@ -1174,19 +1180,20 @@ impl Scheduler {
         ctx: &Context,
         nodes: &[TensorId],
         compute: &[usize],
-        bids: &mut [i32],
+        bids: &mut [PackedBackend],
         ks: impl Iterator<Item = usize>,
         only_gpu: bool,
     ) -> Option<usize> {
-        let last = self.backends.len() as i32 - 1;
-        let mut cur: i32 = -1;
+        let last = BackendId::new(self.backends.len() - 1);
+        let mut cur: Option<BackendId> = None;
         let mut unassigned = None;
         for k in ks {
-            let b = bids[k];
-            if b != -1 {
-                cur = if only_gpu && b == last { -1 } else { b };
-            } else if cur != -1 && self.set_if_supported(ctx, nodes[compute[k]], cur) {
-                bids[k] = cur;
+            if let Some(b) = bids[k].get() {
+                cur = if only_gpu && b == last { None } else { Some(b) };
+            } else if let Some(c) = cur
+                && self.set_if_supported(ctx, nodes[compute[k]], c)
+            {
+                bids[k] = c.into();
             } else {
                 unassigned = Some(k);
             }
@@ -1204,41 +1211,24 @@ impl Scheduler {
         ctx: &Context,
         nodes: &[TensorId],
         compute: &[usize],
-        bids: &[i32],
+        bids: &[PackedBackend],
     ) -> Result<()> {
         // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
         // nodes to a higher-priority backend with the same buffer type
         for (&pos, &b) in compute.iter().zip(bids) {
-            if b == 0 || (b > 0 && !self.upgradable.get(b as usize).copied().unwrap_or(false)) {
+            let b = b.get();
+            if let Some(b) = b
+                && (b.index() == 0 || !self.upgradable.get(b.index()).copied().unwrap_or(false))
+            {
                 // nothing to upgrade to
                 continue;
             }
             let node = nodes[pos];
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
-            if b == -1 {
-                let mut best = -1i32;
-                for cand in 0..self.backends.len() {
-                    if !self.devices[cand].supports_op(ctx, node) {
-                        continue;
-                    }
-                    let mut n_supported = 0;
-                    for s in srcs.iter().flatten() {
-                        let vs = ctx.get(*s)?.view_src();
-                        if (self.bid(*s) != -1 || self.bid_opt(vs) != -1)
-                            && self.buffer_supported(ctx, *s, cand)
-                        {
-                            n_supported += 1;
-                        }
-                    }
-                    if n_supported > best {
-                        best = n_supported;
-                        self.set_bid(node, cand as i32, Cause::Best);
-                    }
-                }
-            } else {
-                for cand in 0..b as usize {
-                    if self.bufts[cand] == self.bufts[b as usize]
+            if let Some(b) = b {
+                for cand in 0..b.index() {
+                    if self.bufts[cand] == self.bufts[b.index()]
                         && self.devices[cand].supports_op(ctx, node)
                     {
                         let mut ok = true;
@@ -1249,9 +1239,29 @@ impl Scheduler {
                             }
                         }
                         if ok {
-                            self.set_bid(node, cand as i32, Cause::Upgrade);
+                            self.set_bid(node, BackendId::new(cand).into(), Cause::Upgrade);
                             break;
                         }
+                    }
+                }
+            } else {
+                let mut best = -1i32;
+                for cand in 0..self.backends.len() {
+                    if !self.devices[cand].supports_op(ctx, node) {
+                        continue;
+                    }
+                    let mut n_supported = 0;
+                    for s in srcs.iter().flatten() {
+                        let vs = ctx.get(*s)?.view_src();
+                        if (self.bid(*s).is_some() || self.bid_opt(vs).is_some())
+                            && self.buffer_supported(ctx, *s, cand)
+                        {
+                            n_supported += 1;
+                        }
+                    }
+                    if n_supported > best {
+                        best = n_supported;
+                        self.set_bid(node, BackendId::new(cand).into(), Cause::Best);
                     }
                 }
             }
@@ -1263,9 +1273,8 @@ impl Scheduler {
     /// Pass 4: sources and views without a backend follow their root or their consumer.
     ///
     /// Also notes, for pass 5, each compute node whose backend and sources' backends are
-    /// settled and equal: its entry in `bids` (one per compute node, in order, as pass 1
-    /// listed them) becomes that backend, else [`UNSETTLED`]. Settled is final: pass 4 only
-    /// assigns tensors without a backend.
+    /// settled and equal: `settled` gets one [`Settled`] per compute node, in the order pass 1
+    /// listed them. Settled is final: pass 4 only assigns tensors without a backend.
     ///
     /// The slot table (which holds every tensor of `ctx` since pass 1) is walked through
     /// `slots` and `key_hi`, the scheduler's passed apart, so that the per-source loop keeps
@@ -1276,18 +1285,17 @@ impl Scheduler {
         key_hi: u64,
         ctx: &Context,
         graph: &Graph,
-        bids: &mut [i32],
+        settled_out: &mut Vec<Settled>,
     ) -> Result<()> {
-        let mut bids = bids.iter_mut();
         // pass 4: sources and views without a backend follow their root or their consumer
         for &node in graph.nodes() {
             let t = ctx.get(node)?;
             let mut cur = Slot::backend_in(slots, key_hi, node);
-            if cur == -1
+            if cur.is_none()
                 && let Some(vs) = t.view_src()
             {
                 let b = Slot::backend_in(slots, key_hi, vs);
-                if b != -1 {
+                if b.is_some() {
                     Slot::set_in(slots, key_hi, node, b, Cause::FromViewSrc);
                     cur = b;
                 }
@@ -1297,22 +1305,23 @@ impl Scheduler {
             // walked again, assigning as they go
             let srcs = t.srcs_used();
             let bid = |s: &TensorId| Slot::backend_in(slots, key_hi, *s);
-            let mut settled = cur != -1 && srcs.iter().flatten().all(|s| bid(s) == cur);
-            if !settled && srcs.iter().flatten().any(|s| bid(s) == -1) {
+            let mut settled = cur.is_some() && srcs.iter().flatten().all(|s| bid(s) == cur);
+            if !settled && srcs.iter().flatten().any(|s| bid(s).is_none()) {
                 settled = Self::pass4_sources(slots, key_hi, ctx, t, cur)?;
             }
             // pass 1 listed exactly the non-view nodes
-            if !t.op().is_view_op()
-                && let Some(b) = bids.next()
-            {
-                *b = if settled { cur } else { UNSETTLED };
+            if !t.op().is_view_op() {
+                settled_out.push(match cur.get() {
+                    Some(b) if settled => Settled::on(b),
+                    _ => Settled::UNSETTLED,
+                });
             }
         }
 
         Ok(())
     }
 
-    /// Pass 4 for the sources of `t`, a node on `cur` (-1: none) with a source without a
+    /// Pass 4 for the sources of `t`, a node on `cur` (maybe none) with a source without a
     /// backend: in order, a view follows its root, anything else its consumer. Returns whether
     /// every source ends on `cur` and `cur` is a backend.
     #[cold]
@@ -1322,17 +1331,17 @@ impl Scheduler {
         key_hi: u64,
         ctx: &Context,
         t: &Tensor,
-        cur: i32,
+        cur: PackedBackend,
     ) -> Result<bool> {
-        let mut settled = cur != -1;
+        let mut settled = cur.is_some();
         for &s in t.srcs_used().iter().flatten() {
             let mut sb = Slot::backend_in(slots, key_hi, s);
-            if sb == -1 {
+            if sb.is_none() {
                 let (b, cause) = match ctx.get(s)?.view_src() {
                     Some(svs) => (Slot::backend_in(slots, key_hi, svs), Cause::FromViewSrc),
                     None => (cur, Cause::FromConsumer),
                 };
-                if b != -1 {
+                if b.is_some() {
                     Slot::set_in(slots, key_hi, s, b, cause);
                     sb = b;
                 }
@@ -1342,7 +1351,7 @@ impl Scheduler {
         Ok(settled)
     }
 
-    fn new_split(&mut self, i_split: usize, backend: usize, start: usize) {
+    fn new_split(&mut self, i_split: usize, backend: BackendId, start: usize) {
         if i_split < self.splits.len() {
             let s = &mut self.splits[i_split];
             s.backend = backend;
@@ -1376,14 +1385,14 @@ impl Scheduler {
             c
         );
         ctx.set_name(copy, name.as_str())?;
-        self.set_bid(copy, -1, Cause::Copy);
+        self.set_bid(copy, PackedBackend::NONE, Cause::Copy);
         Ok(copy)
     }
 
     /// Pass 5: splits and input copies.
     ///
     /// `compute` holds the positions of the compute (non-view) nodes, from pass 1, and
-    /// `bids` what pass 4 noted of them: a node settled on one backend with all its sources
+    /// `settled` what pass 4 noted of them: a node settled on one backend with all its sources
     /// needs no source check and no copy without pipeline copies.
     #[inline(never)]
     fn pass5(
@@ -1391,37 +1400,36 @@ impl Scheduler {
         ctx: &mut Context,
         graph: &Graph,
         compute: &[usize],
-        bids: &[i32],
+        settled: &[Settled],
     ) -> Result<()> {
         let nodes = graph.nodes();
         let no_pipeline = self.n_copies == 1;
         let mut i_split = 0usize;
         // the first split's backend: the first non-view node's (kept from the last plan when
         // every node is a view, as the seed does)
-        let mut first_backend = self.splits.first().map_or(0, |s| s.backend);
+        let mut first_backend = self.splits.first().map_or(BackendId::new(0), |s| s.backend);
         if let Some(&i) = compute.first() {
-            let b = self.bid(nodes[i]);
-            if b < 0 {
+            let Some(b) = self.bid(nodes[i]).get() else {
                 let t = ctx.get(nodes[i])?;
                 return Err(SchedError::NoBackendForOp {
                     tensor: t.name().to_owned(),
                     op: t.op().name(),
                 });
-            }
-            first_backend = b as usize;
+            };
+            first_backend = b;
         }
         self.new_split(0, first_backend, 0);
         // `splits` holds at least `i_split + 1` entries: `new_split(i)` follows every step of
         // `i_split` (and pushes when it reaches the end of the list).
-        let mut cur = first_backend as i32;
-        for (&i, &nb) in compute.iter().zip(bids) {
-            if no_pipeline && nb != UNSETTLED {
+        let mut cur = first_backend;
+        for (&i, &note) in compute.iter().zip(settled) {
+            if no_pipeline && let Some(nb) = note.backend() {
                 // every source is on `nb`: the new-split check below finds nothing, and
                 // nothing is copied (the general path would decide the same)
                 if nb != cur {
                     self.splits[i_split].end = i;
                     i_split += 1;
-                    self.new_split(i_split, nb as usize, i);
+                    self.new_split(i_split, nb, i);
                     cur = nb;
                 }
                 continue;
@@ -1429,13 +1437,12 @@ impl Scheduler {
             let node = nodes[i];
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
-            let nb = self.bid(node);
-            if nb < 0 {
+            let Some(nb) = self.bid(node).get() else {
                 return Err(SchedError::NoBackendForOp {
                     tensor: t.name().to_owned(),
                     op: t.op().name(),
                 });
-            }
+            };
 
             let mut need_new_split = false;
             // whether every source is known to be on `cur`
@@ -1453,14 +1460,14 @@ impl Scheduler {
                     let st = ctx.get(*s)?;
                     if let Some(sst) = Self::own_storage(st)
                         && self.buffer_facts(sst).usage == Some(BufferUsage::Weights)
-                        && !self.buffer_supported(ctx, *s, cur as usize)
+                        && !self.buffer_supported(ctx, *s, cur.index())
                     {
                         need_new_split = true;
                         break;
                     }
                     if n_inputs >= MAX_SPLIT_INPUTS {
-                        let supported = self.buffer_supported(ctx, *s, cur as usize);
-                        if self.get_copy(*s, cur as usize, 0).is_none() && !supported {
+                        let supported = self.buffer_supported(ctx, *s, cur.index());
+                        if self.get_copy(*s, cur.index(), 0).is_none() && !supported {
                             need_new_split = true;
                             break;
                         }
@@ -1471,7 +1478,7 @@ impl Scheduler {
             if nb != cur || need_new_split {
                 self.splits[i_split].end = i;
                 i_split += 1;
-                self.new_split(i_split, nb as usize, i);
+                self.new_split(i_split, nb, i);
                 cur = nb;
                 srcs_on_cur = false;
             }
@@ -1492,18 +1499,18 @@ impl Scheduler {
                 let sb = self.bid(src);
                 if self.n_copies > 1
                     && ctx.get(src)?.flags().contains(TensorFlags::INPUT)
-                    && sb >= 0
-                    && self.get_copy(src, sb as usize, 0).is_none()
+                    && let Some(sbi) = sb.get().map(BackendId::index)
+                    && self.get_copy(src, sbi, 0).is_none()
                 {
                     for c in 0..self.n_copies {
                         let copy = if c == self.cur_copy {
                             src
                         } else {
-                            self.make_copy(ctx, src, sb as usize, c)?
+                            self.make_copy(ctx, src, sbi, c)?
                         };
                         ctx.set_input(copy)?;
                         ctx.set_output(copy)?;
-                        self.set_copy(src, sb as usize, c, copy);
+                        self.set_copy(src, sbi, c, copy);
                     }
                     if self.strict && self.graph_inputs.len() >= MAX_SPLIT_INPUTS {
                         return Err(SchedError::TooManyGraphInputs {
@@ -1513,8 +1520,8 @@ impl Scheduler {
                     self.graph_inputs.push(src);
                 }
 
-                if sb != cur && !self.buffer_supported(ctx, src, cur as usize) {
-                    let cu = cur as usize;
+                if sb != cur && !self.buffer_supported(ctx, src, cur.index()) {
+                    let cu = cur.index();
                     if self.get_copy(src, cu, 0).is_none() {
                         for c in 0..self.n_copies {
                             let copy = self.make_copy(ctx, src, cu, c)?;
@@ -1568,11 +1575,12 @@ impl Scheduler {
         let cap = self.alloc_graph.capacity().max(size);
         self.alloc_graph.reset_capacity(cap);
         // positions keep values from older plans beyond the current length, as in the seed
+        let first = PackedBackend::some(BackendId::new(0));
         if self.node_ids.len() < size {
-            self.node_ids.resize(size, 0);
+            self.node_ids.resize(size, first);
         }
         if self.leaf_ids.len() < size {
-            self.leaf_ids.resize(size, 0);
+            self.leaf_ids.resize(size, first);
         }
 
         let mut n = 0usize;
@@ -1583,14 +1591,14 @@ impl Scheduler {
                 // invariant: an input is registered in a split only after its copies for every
                 // pipeline copy were made, in this split pass (current copy epoch)
                 let copy = self
-                    .get_copy(input, backend, self.cur_copy)
+                    .get_copy(input, backend.index(), self.cur_copy)
                     .expect("every split input has copies");
                 let dep = ctx.view_tensor(input)?;
                 ctx.set_src(dep, 0, Some(input))?;
                 self.node_ids[n] = self.bid(input);
                 self.alloc_graph.add_node(dep)?;
                 n += 1;
-                self.node_ids[n] = backend as i32;
+                self.node_ids[n] = backend.into();
                 self.alloc_graph.add_node(copy)?;
                 n += 1;
             }
@@ -1613,13 +1621,15 @@ impl Scheduler {
         if self.n_copies > 1 {
             for gi in 0..self.graph_inputs.len() {
                 let input = self.graph_inputs[gi];
-                let b = self.bid(input);
+                // invariant: a graph input is registered only with a backend, which the split
+                // pass does not change afterwards
+                let b = self.bid(input).get().expect("graph inputs have a backend");
                 for c in 0..self.n_copies {
                     // invariant: as for split inputs, copies are made before registration
                     let copy = self
-                        .get_copy(input, b as usize, c)
+                        .get_copy(input, b.index(), c)
                         .expect("graph inputs have copies");
-                    self.leaf_ids[l] = b;
+                    self.leaf_ids[l] = b.into();
                     self.alloc_graph.add_leaf(copy)?;
                     l += 1;
                 }
@@ -1631,9 +1641,9 @@ impl Scheduler {
                     for c in 0..self.n_copies {
                         // invariant: copies are made before an input is registered
                         let copy = self
-                            .get_copy(input, backend, c)
+                            .get_copy(input, backend.index(), c)
                             .expect("split inputs have copies");
-                        self.leaf_ids[l] = backend as i32;
+                        self.leaf_ids[l] = backend.into();
                         self.alloc_graph.add_leaf(copy)?;
                         l += 1;
                     }
@@ -1652,13 +1662,13 @@ impl Scheduler {
 
     // ---- allocation ----
 
-    fn buft_of(&self, id: i32) -> Option<&BufferType> {
-        (id >= 0).then(|| &self.bufts[id as usize])
+    fn buft_of(&self, id: PackedBackend) -> Option<&BufferType> {
+        id.get().map(|b| &self.bufts[b.index()])
     }
 
     fn fill_buffer_ids(&mut self) {
         let last = self.backends.len() - 1;
-        let clamp = |b: i32| if b < 0 { last } else { b as usize };
+        let clamp = |b: PackedBackend| b.get().map_or(last, BackendId::index);
         let nn = self.alloc_graph.n_nodes();
         let nl = self.alloc_graph.n_leafs();
         self.node_buf_ids.clear();
@@ -1684,9 +1694,12 @@ impl Scheduler {
     fn alloc_splits(&mut self, ctx: &mut Context) -> Result<()> {
         let nn = self.alloc_graph.n_nodes();
         let nl = self.alloc_graph.n_leafs();
-        let changed_at = |ids: &[i32], prev: &[i32], n: usize| {
+        let changed_at = |ids: &[PackedBackend], prev: &[PackedBackend], n: usize| {
             (0..n).any(|i| {
-                let p = prev.get(i).copied().unwrap_or(0);
+                let p = prev
+                    .get(i)
+                    .copied()
+                    .unwrap_or(PackedBackend::some(BackendId::new(0)));
                 ids[i] != p && self.buft_of(ids[i]) != self.buft_of(p)
             })
         };
@@ -1772,7 +1785,7 @@ impl Scheduler {
                 .iter()
                 .enumerate()
                 .rev()
-                .find(|(_, sp)| sp.backend == b);
+                .find(|(_, sp)| sp.backend.index() == b);
             if let (Some(sink), Some((k, sp))) = (self.trace.as_mut(), last) {
                 sink.span(&TraceSpan {
                     kind: SpanKind::Wait,
@@ -1845,7 +1858,7 @@ impl Scheduler {
 
     fn compute_splits(&mut self, ctx: &mut Context, graph: &Graph) -> Result<ComputeStatus> {
         for si in 0..self.n_splits {
-            let split_backend_id = self.splits[si].backend;
+            let split_backend_id = self.splits[si].backend.index();
             let split_backend = self.backends[split_backend_id].clone();
             let event = self.event(split_backend_id, self.cur_copy).cloned();
             let (start, end) = (self.splits[si].start, self.splits[si].end);
@@ -1864,12 +1877,11 @@ impl Scheduler {
 
             for k in 0..self.splits[si].inputs.len() {
                 let input = self.splits[si].inputs[k];
-                let ib = self.bid(input);
-                if ib < 0 {
+                let Some(ib) = self.bid(input).get().map(BackendId::index) else {
                     let name = ctx.get(input).map_or("?", Tensor::name).to_owned();
                     return Err(SchedError::UnassignedInput(name));
-                }
-                let input_backend = &self.backends[ib as usize];
+                };
+                let input_backend = &self.backends[ib];
                 // invariant: the splits are current (`planned` matched, and `reset` or a new
                 // split pass would have cleared it), and a split pass registers an input only
                 // after making its copies for every pipeline copy in the current copy epoch
@@ -1922,7 +1934,7 @@ impl Scheduler {
                             Some(e) => e.synchronize()?,
                             None => split_backend.synchronize()?,
                         }
-                        waited(&mut self.trace, &mut t, ib as usize);
+                        waited(&mut self.trace, &mut t, ib);
                         backend_core::tensor_copy(ctx, input, copy)?;
                     }
                 }
