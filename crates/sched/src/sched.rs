@@ -16,11 +16,10 @@
 
 use std::fmt::Write as _;
 
-use backend_core::{Backend, BufferType, Device, DeviceType, Event};
+use backend_core::{Backend, BufferType, Device, DeviceType};
 use graph::{Context, Graph, TensorId, TensorName};
 
 use crate::error::SchedError;
-use crate::galloc::GraphAllocator;
 use crate::trace::TraceSink;
 
 mod alloc;
@@ -32,10 +31,14 @@ mod copies;
 mod split;
 mod table;
 
-use backend_id::{BackendId, PackedBackend, Settled};
-use buffers::BufferMemo;
-use copies::Rewrite;
-use table::Slot;
+use alloc::Allocation;
+use assign::NodeLists;
+use backend_id::BackendId;
+use buffers::Capabilities;
+use compute::Pipeline;
+use copies::{Copies, Rewrites};
+use split::SplitList;
+use table::TensorTable;
 
 /// Most backends one scheduler drives (`GGML_SCHED_MAX_BACKENDS`).
 pub const MAX_BACKENDS: usize = 16;
@@ -171,62 +174,61 @@ pub type EvalCallback = Box<dyn FnMut(&Context, TensorId, bool) -> bool + Send>;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Scheduler {
+    /// The backends, in priority order (the last on a CPU device).
     backends: Vec<Backend>,
+    /// Each backend's device, asked once.
     devices: Vec<Device>,
+    /// The buffer type each backend's compute memory is allocated in.
     bufts: Vec<BufferType>,
-    galloc: GraphAllocator,
-    n_copies: usize,
-    cur_copy: usize,
-    /// The pipeline copy the current split's sources were rewritten to (`cur_copy` at the
-    /// last split); a compute with another `cur_copy` must split again.
-    split_copy: usize,
-    /// `[backend * n_copies + copy]`
-    events: Vec<Option<Event>>,
-    graph_size: usize,
+    /// What the buffer types and buffers say about the devices (fixed, and memoised per plan).
+    caps: Capabilities,
+    /// Per tensor: its backend and the rule that chose it, and where its copies are.
+    table: TensorTable,
+    /// The dense per-compute-node lists the assignment phase hands the splitting phase.
+    lists: NodeLists,
+    /// The splits of the last plan.
+    splits: SplitList,
+    /// The input copies and pipeline copies of the last plan.
+    copies: Copies,
+    /// The source slots of the caller's graph pointed at copies while allocating and computing.
+    rewrites: Rewrites,
+    /// The allocation graph and the graph allocator.
+    alloc: Allocation,
+    /// Pipeline copies and the events between them.
+    pipeline: Pipeline,
+    /// Whether the scheduler is reset, planned, allocated, and for which graph.
+    state: PlanState,
+    options: Options,
+    hooks: Hooks,
+}
+
+/// Where the scheduler stands between `reset`, a plan and an allocation.
+#[derive(Debug, Default)]
+struct PlanState {
+    /// Nothing is assigned or copied since the last [`Scheduler::reset`].
     is_reset: bool,
+    /// The last plan is allocated and may be computed.
     is_alloc: bool,
     /// [`Graph::stamp`] of the graph the current splits and allocation were made for (set by a
-    /// successful `alloc_graph`, cleared when a split starts): compute re-plans any other
+    /// successful `alloc_graph`, cleared when a split starts): compute refuses any other
     /// graph instead of running these splits' node ranges over it.
     planned: Option<u64>,
+}
+
+/// Settings that change how a plan is checked and logged, not the plan.
+#[derive(Debug)]
+struct Options {
+    /// The graph capacity hint (the seed sizes its hash set from it).
+    graph_size: usize,
+    /// Reference limits: the seed's fixed capacities are errors.
     strict: bool,
+    /// `GGML_SCHED_DEBUG` level.
     debug: u32,
+}
 
-    epoch: u32,
-    copy_epoch: u32,
-    slots: Vec<Slot>,
-    /// Per split: what each buffer seen says (usage, buffer type's device support).
-    buffer_memo: BufferMemo,
-    /// Devices (bit = backend index) whose `supports_buft` accepts backend `i`'s compute
-    /// buffer type; asked once at creation.
-    backend_buft_devices: Vec<u16>,
-    /// Per backend: whether a higher-priority backend has the same compute buffer type
-    /// (pass 3 can upgrade a node only then).
-    upgradable: Vec<bool>,
-    copy_table: Vec<Option<TensorId>>,
-
-    node_ids: Vec<PackedBackend>,
-    leaf_ids: Vec<PackedBackend>,
-    prev_node_ids: Vec<PackedBackend>,
-    prev_leaf_ids: Vec<PackedBackend>,
-    node_buf_ids: Vec<usize>,
-    leaf_buf_ids: Vec<usize>,
-
-    alloc_graph: Graph,
-    splits: Vec<Split>,
-    n_splits: usize,
-    graph_inputs: Vec<TensorId>,
-    rewrites: Vec<Rewrite>,
-    rewritten: bool,
-    /// Positions in the graph of the compute (non-view) nodes, listed by pass 1 for passes
-    /// 2, 3 and 5.
-    scratch: Vec<usize>,
-    /// The backend of each of `scratch`'s compute nodes during passes 2 and 3 (a dense
-    /// mirror of their slots, which the sweeps read without a slot lookup).
-    scratch_bids: Vec<PackedBackend>,
-    /// Pass 4's note on each of `scratch`'s compute nodes for pass 5.
-    scratch_settled: Vec<Settled>,
-
+/// The caller's hooks into compute.
+#[derive(Default)]
+struct Hooks {
     callback: Option<EvalCallback>,
     trace: Option<Box<dyn TraceSink>>,
 }
@@ -235,8 +237,8 @@ impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler")
             .field("backends", &self.backends)
-            .field("n_copies", &self.n_copies)
-            .field("n_splits", &self.n_splits)
+            .field("n_copies", &self.pipeline.n_copies)
+            .field("n_splits", &self.splits.n)
             .finish_non_exhaustive()
     }
 }
@@ -302,67 +304,29 @@ impl Scheduler {
                 });
             }
         }
-        let mut events = Vec::with_capacity(n * n_copies);
-        for d in &devices {
-            for _ in 0..n_copies {
-                events.push(if n_copies > 1 {
-                    d.event_new().ok()
-                } else {
-                    None
-                });
-            }
-        }
         let debug = std::env::var("GGML_SCHED_DEBUG")
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
             .unwrap_or(0);
-        let galloc = GraphAllocator::new(&bufts);
-        let backend_buft_devices = bufts
-            .iter()
-            .map(|buft| BufferMemo::devices_for(buft, &devices))
-            .collect();
-        let upgradable = (0..bufts.len())
-            .map(|b| bufts[..b].contains(&bufts[b]))
-            .collect();
         let mut s = Scheduler {
+            caps: Capabilities::new(&devices, &bufts),
+            pipeline: Pipeline::new(&devices, n_copies),
+            alloc: Allocation::new(&bufts, graph_size),
             backends,
             devices,
             bufts,
-            galloc,
-            n_copies,
-            cur_copy: 0,
-            split_copy: 0,
-            events,
-            graph_size,
-            is_reset: false,
-            is_alloc: false,
-            planned: None,
-            strict: false,
-            debug,
-            epoch: 0,
-            copy_epoch: 1,
-            slots: Vec::with_capacity(graph_size),
-            buffer_memo: BufferMemo::default(),
-            backend_buft_devices,
-            upgradable,
-            copy_table: Vec::new(),
-            node_ids: Vec::new(),
-            leaf_ids: Vec::new(),
-            prev_node_ids: Vec::new(),
-            prev_leaf_ids: Vec::new(),
-            node_buf_ids: Vec::new(),
-            leaf_buf_ids: Vec::new(),
-            alloc_graph: Graph::new(graph_size),
-            splits: Vec::new(),
-            n_splits: 0,
-            graph_inputs: Vec::new(),
-            rewrites: Vec::new(),
-            rewritten: false,
-            scratch: Vec::new(),
-            scratch_bids: Vec::new(),
-            scratch_settled: Vec::new(),
-            callback: None,
-            trace: None,
+            table: TensorTable::with_capacity(graph_size),
+            lists: NodeLists::default(),
+            splits: SplitList::default(),
+            copies: Copies::default(),
+            rewrites: Rewrites::default(),
+            state: PlanState::default(),
+            options: Options {
+                graph_size,
+                strict: false,
+                debug,
+            },
+            hooks: Hooks::default(),
         };
         s.reset();
         Ok(s)
@@ -373,19 +337,19 @@ impl Scheduler {
     /// split, more than [`MAX_SPLIT_INPUTS`] user inputs with pipeline copies. The plan
     /// inspector turns this on so that graphs the reference rejects are rejected here too.
     pub fn set_reference_limits(&mut self, on: bool) {
-        self.strict = on;
+        self.options.strict = on;
     }
 
     /// Set the debug level (0: off, 1: split headers, 2: also one line per node), logged
     /// through `tracing` at DEBUG after every split. The initial level comes from the
     /// `GGML_SCHED_DEBUG` environment variable, as in the seed.
     pub fn set_debug(&mut self, level: u32) {
-        self.debug = level;
+        self.options.debug = level;
     }
 
     /// Install or remove the eval callback (`ggml_backend_sched_set_eval_callback`).
     pub fn set_eval_callback(&mut self, callback: Option<EvalCallback>) {
-        self.callback = callback;
+        self.hooks.callback = callback;
     }
 
     /// Install or remove the trace sink, which then receives a [`TraceSpan`](crate::trace::TraceSpan) for every
@@ -395,7 +359,7 @@ impl Scheduler {
         &mut self,
         sink: Option<Box<dyn TraceSink>>,
     ) -> Option<Box<dyn TraceSink>> {
-        std::mem::replace(&mut self.trace, sink)
+        std::mem::replace(&mut self.hooks.trace, sink)
     }
 
     /// Number of backends.
@@ -440,27 +404,27 @@ impl Scheduler {
 
     /// Number of splits of the last planned graph.
     pub fn n_splits(&self) -> usize {
-        self.n_splits
+        self.splits.n
     }
 
     /// Number of pipeline copies.
     pub fn n_copies(&self) -> usize {
-        self.n_copies
+        self.pipeline.n_copies
     }
 
     /// The pipeline copy the next compute uses.
     pub fn cur_copy(&self) -> usize {
-        self.cur_copy
+        self.pipeline.cur_copy
     }
 
     /// The splits of the last planned graph.
     pub fn splits(&self) -> &[Split] {
-        &self.splits[..self.n_splits]
+        &self.splits.list[..self.splits.n]
     }
 
     /// Graph inputs given per-pipeline-copy storage by the last split (parallel mode).
     pub fn graph_inputs(&self) -> &[TensorId] {
-        &self.graph_inputs
+        &self.copies.graph_inputs
     }
 
     /// Compute buffer bytes of backend `i` (`ggml_backend_sched_get_buffer_size`); 0 for a
@@ -472,13 +436,13 @@ impl Scheduler {
                 n: self.backends.len(),
             });
         }
-        Ok(self.galloc.buffer_size(i))
+        Ok(self.alloc.galloc.buffer_size(i))
     }
 
     /// The graph the allocator saw last: per split, the dependency views and copies of its
     /// inputs followed by its nodes; leafs with pipeline copies first.
     pub fn allocation_graph(&self) -> &Graph {
-        &self.alloc_graph
+        &self.alloc.graph
     }
 
     /// Write the plan of the last split of `graph` in the seed's `GGML_SCHED_DEBUG` layout

@@ -9,6 +9,20 @@ use super::table::Slot;
 use super::{Cause, Result, Scheduler};
 use crate::error::SchedError;
 
+/// Dense lists over the compute (non-view) nodes, filled by the assignment phase: kept
+/// between plans for their capacity.
+#[derive(Debug, Default)]
+pub(super) struct NodeLists {
+    /// Positions in the graph of the compute nodes.
+    pub(super) compute: Vec<usize>,
+    /// The backend of each compute node while backends are expanded and upgraded (a dense
+    /// mirror of their slots, which the sweeps read without a slot lookup).
+    pub(super) bids: Vec<PackedBackend>,
+    /// What [`Scheduler::settle_sources_and_views`] noted of each compute node for
+    /// [`Scheduler::cut_splits`].
+    pub(super) settled: Vec<Settled>,
+}
+
 impl Scheduler {
     /// Give every node of `graph` a backend (the seed's passes 1 to 4 of
     /// `ggml_backend_sched_split_graph`), user assignments untouched.
@@ -29,7 +43,7 @@ impl Scheduler {
         self.expand_assignments(ctx, nodes, compute, bids, any_gpu);
         self.assign_best_or_upgrade(ctx, nodes, compute, bids)?;
         let key_hi = self.key_hi();
-        Self::settle_sources_and_views(&mut self.slots, key_hi, ctx, graph, settled)
+        Self::settle_sources_and_views(&mut self.table.slots, key_hi, ctx, graph, settled)
     }
 
     /// `ggml_backend_sched_backend_id_from_cur` (`t` is `id`'s tensor; `memo` and `devices`
@@ -174,14 +188,14 @@ impl Scheduler {
         // pass 1: pre-allocated tensors, inputs, ops on weights
         // every tensor of the context gets a slot up front
         if let Some(last) = ctx.len().checked_sub(1) {
-            Slot::reserve_index(&mut self.slots, last);
+            Slot::reserve_index(&mut self.table.slots, last);
         }
         let key_hi = self.key_hi();
-        let memo = &mut self.buffer_memo;
+        let memo = &mut self.caps.memo;
         let devices = &self.devices[..];
         // exactly the context's tensors, so that a tensor `ctx.get` found has a slot without
         // a second bounds check
-        let slots = &mut self.slots[..ctx.len()];
+        let slots = &mut self.table.slots[..ctx.len()];
         for &leaf in leafs {
             let t = ctx.get(leaf)?;
             Self::assign_from_cur(slots, memo, devices, key_hi, ctx, leaf, t)?;
@@ -280,7 +294,13 @@ impl Scheduler {
         for (&pos, &b) in compute.iter().zip(bids) {
             let b = b.get();
             if let Some(b) = b
-                && (b.index() == 0 || !self.upgradable.get(b.index()).copied().unwrap_or(false))
+                && (b.index() == 0
+                    || !self
+                        .caps
+                        .upgradable
+                        .get(b.index())
+                        .copied()
+                        .unwrap_or(false))
             {
                 // nothing to upgrade to
                 continue;

@@ -99,6 +99,35 @@ impl BufferMemo {
     }
 }
 
+/// What the devices make of the buffer types: fixed at creation, plus the per-plan memo of
+/// the buffers seen.
+#[derive(Debug)]
+pub(super) struct Capabilities {
+    /// Per split: what each buffer seen says (usage, buffer type's device support).
+    pub(super) memo: BufferMemo,
+    /// Devices (bit = backend index) whose `supports_buft` accepts backend `i`'s compute
+    /// buffer type; asked once at creation.
+    pub(super) buft_devices: Vec<u16>,
+    /// Per backend: whether a higher-priority backend has the same compute buffer type (only
+    /// then can [`Scheduler::assign_best_or_upgrade`] upgrade a node).
+    pub(super) upgradable: Vec<bool>,
+}
+
+impl Capabilities {
+    pub(super) fn new(devices: &[Device], bufts: &[BufferType]) -> Capabilities {
+        Capabilities {
+            memo: BufferMemo::default(),
+            buft_devices: bufts
+                .iter()
+                .map(|buft| BufferMemo::devices_for(buft, devices))
+                .collect(),
+            upgradable: (0..bufts.len())
+                .map(|b| bufts[..b].contains(&bufts[b]))
+                .collect(),
+        }
+    }
+}
+
 impl Scheduler {
     /// The storage whose buffer decides for `t`: its view root's, else its own.
     pub(super) fn root_storage<'a>(
@@ -122,7 +151,7 @@ impl Scheduler {
     /// What the buffer behind `st` tells the passes, from the per-split memo.
     #[inline]
     pub(super) fn buffer_facts(&mut self, st: &graph::TensorStorage) -> BufferFacts {
-        self.buffer_memo.facts(st, &self.devices)
+        self.caps.memo.facts(st, &self.devices)
     }
 
     /// `ggml_backend_sched_backend_from_buffer` for a buffer the caller already looked up:
@@ -175,7 +204,7 @@ impl Scheduler {
                 let Some(id) = id.get() else {
                     return false;
                 };
-                self.backend_buft_devices[id.index()]
+                self.caps.buft_devices[id.index()]
             }
         };
         devices & (1 << b) != 0

@@ -2,13 +2,46 @@
 
 use std::time::Instant;
 
-use backend_core::{ComputeStatus, Event};
+use backend_core::{ComputeStatus, Device, Event};
 use graph::{Context, Graph, Tensor, TensorFlags, TensorName};
 
 use super::backend_id::BackendId;
 use super::{Result, Scheduler};
 use crate::error::SchedError;
 use crate::trace::{SpanKind, TraceSink, TraceSpan};
+
+/// Pipeline copies: how many, which one the next compute fills, and the events that order
+/// them.
+pub(super) struct Pipeline {
+    pub(super) n_copies: usize,
+    pub(super) cur_copy: usize,
+    /// The pipeline copy the current split's sources were rewritten to (`cur_copy` at the
+    /// last split); a compute with another `cur_copy` must split again.
+    pub(super) split_copy: usize,
+    /// `[backend * n_copies + copy]`
+    pub(super) events: Vec<Option<Event>>,
+}
+
+impl Pipeline {
+    pub(super) fn new(devices: &[Device], n_copies: usize) -> Pipeline {
+        let mut events = Vec::with_capacity(devices.len() * n_copies);
+        for d in devices {
+            for _ in 0..n_copies {
+                events.push(if n_copies > 1 {
+                    d.event_new().ok()
+                } else {
+                    None
+                });
+            }
+        }
+        Pipeline {
+            n_copies,
+            cur_copy: 0,
+            split_copy: 0,
+            events,
+        }
+    }
+}
 
 impl Scheduler {
     /// Compute `graph` and wait for every backend (`ggml_backend_sched_graph_compute`).
@@ -17,7 +50,7 @@ impl Scheduler {
     /// on its track (on a backend that queues work, that is where the work's time shows).
     pub fn graph_compute(&mut self, ctx: &mut Context, graph: &Graph) -> Result<ComputeStatus> {
         let r = self.graph_compute_async(ctx, graph);
-        let s = if self.trace.is_some() {
+        let s = if self.hooks.trace.is_some() {
             self.synchronize_traced()
         } else {
             self.synchronize()
@@ -33,12 +66,12 @@ impl Scheduler {
         for (b, backend) in self.backends.iter().enumerate() {
             let t0 = Instant::now();
             backend.synchronize()?;
-            let last = self.splits[..self.n_splits]
+            let last = self.splits.list[..self.splits.n]
                 .iter()
                 .enumerate()
                 .rev()
                 .find(|(_, sp)| sp.backend.index() == b);
-            if let (Some(sink), Some((k, sp))) = (self.trace.as_mut(), last) {
+            if let (Some(sink), Some((k, sp))) = (self.hooks.trace.as_mut(), last) {
                 sink.span(&TraceSpan {
                     kind: SpanKind::Wait,
                     backend: b,
@@ -65,10 +98,10 @@ impl Scheduler {
         ctx: &mut Context,
         graph: &Graph,
     ) -> Result<ComputeStatus> {
-        if !self.is_reset && !self.is_alloc {
+        if !self.state.is_reset && !self.state.is_alloc {
             self.reset();
         }
-        if self.is_alloc && self.planned != Some(graph.stamp()) {
+        if self.state.is_alloc && self.state.planned != Some(graph.stamp()) {
             // The splits are node ranges of the graph they were made for; run over another
             // graph (or this one changed since) they would compute the wrong nodes. Planning
             // the new graph here could move inputs the caller already wrote, so the caller
@@ -79,7 +112,9 @@ impl Scheduler {
         // current when it was made, while compute fills those of `cur_copy`, which advances
         // after every compute: computing an allocated graph again must split it again (the
         // seed has the same hazard; newer ggml picks the copy at split time instead).
-        if !self.is_alloc || (self.n_copies > 1 && self.split_copy != self.cur_copy) {
+        if !self.state.is_alloc
+            || (self.pipeline.n_copies > 1 && self.pipeline.split_copy != self.pipeline.cur_copy)
+        {
             self.alloc_graph(ctx, graph)?;
         }
         self.apply_rewrites(ctx);
@@ -105,7 +140,7 @@ impl Scheduler {
     }
 
     pub(super) fn event(&self, b: usize, c: usize) -> Option<&Event> {
-        self.events[b * self.n_copies + c].as_ref()
+        self.pipeline.events[b * self.pipeline.n_copies + c].as_ref()
     }
 
     pub(super) fn compute_splits(
@@ -113,11 +148,13 @@ impl Scheduler {
         ctx: &mut Context,
         graph: &Graph,
     ) -> Result<ComputeStatus> {
-        for si in 0..self.n_splits {
-            let split_backend_id = self.splits[si].backend.index();
+        for si in 0..self.splits.n {
+            let split_backend_id = self.splits.list[si].backend.index();
             let split_backend = self.backends[split_backend_id].clone();
-            let event = self.event(split_backend_id, self.cur_copy).cloned();
-            let (start, end) = (self.splits[si].start, self.splits[si].end);
+            let event = self
+                .event(split_backend_id, self.pipeline.cur_copy)
+                .cloned();
+            let (start, end) = (self.splits.list[si].start, self.splits.list[si].end);
             // The trace's span for this split, started at `t` (only read with a sink).
             let span = |kind, t: Instant, tensor: Option<TensorName>| TraceSpan {
                 kind,
@@ -131,8 +168,8 @@ impl Scheduler {
                 end: t,
             };
 
-            for k in 0..self.splits[si].inputs.len() {
-                let input = self.splits[si].inputs[k];
+            for k in 0..self.splits.list[si].inputs.len() {
+                let input = self.splits.list[si].inputs[k];
                 let Some(ib) = self.bid(input).get().map(BackendId::index) else {
                     let name = ctx.get(input).map_or("?", Tensor::name).to_owned();
                     return Err(SchedError::UnassignedInput(name));
@@ -142,9 +179,9 @@ impl Scheduler {
                 // split pass would have cleared it), and a split pass registers an input only
                 // after making its copies for every pipeline copy in the current copy epoch
                 let copy = self
-                    .get_copy(input, split_backend_id, self.cur_copy)
+                    .get_copy(input, split_backend_id, self.pipeline.cur_copy)
                     .expect("every split input has copies");
-                let tracing = self.trace.is_some();
+                let tracing = self.hooks.trace.is_some();
                 let name = if tracing {
                     Some(TensorName::new(ctx.get(input)?.name()))
                 } else {
@@ -170,7 +207,7 @@ impl Scheduler {
                         Some(e) => e.synchronize()?,
                         None => split_backend.synchronize()?,
                     }
-                    waited(&mut self.trace, &mut t, split_backend_id);
+                    waited(&mut self.hooks.trace, &mut t, split_backend_id);
                     backend_core::tensor_copy(ctx, input, copy)?;
                 } else {
                     // wait until the split backend is done with the copy's previous contents
@@ -178,7 +215,7 @@ impl Scheduler {
                         Some(e) => split_backend.event_wait(e)?,
                         None => split_backend.synchronize()?,
                     }
-                    waited(&mut self.trace, &mut t, split_backend_id);
+                    waited(&mut self.hooks.trace, &mut t, split_backend_id);
                     let queued = split_backend.implementation().cpy_tensor_async(
                         input_backend,
                         ctx.get(input)?,
@@ -190,11 +227,11 @@ impl Scheduler {
                             Some(e) => e.synchronize()?,
                             None => split_backend.synchronize()?,
                         }
-                        waited(&mut self.trace, &mut t, ib);
+                        waited(&mut self.hooks.trace, &mut t, ib);
                         backend_core::tensor_copy(ctx, input, copy)?;
                     }
                 }
-                if let (Some(sink), Some(t0)) = (self.trace.as_mut(), t) {
+                if let (Some(sink), Some(t0)) = (self.hooks.trace.as_mut(), t) {
                     sink.span(&TraceSpan {
                         end: Instant::now(),
                         bytes,
@@ -203,11 +240,11 @@ impl Scheduler {
                 }
             }
 
-            let t = self.trace.is_some().then(Instant::now);
+            let t = self.hooks.trace.is_some().then(Instant::now);
             // `graph` is the graph the splits were made for (its stamp was checked by the
             // caller), and the split pass only cuts ranges inside its node list.
             let split_nodes = &graph.nodes()[start..end];
-            let status = match self.callback.as_mut() {
+            let status = match self.hooks.callback.as_mut() {
                 None => split_backend
                     .graph_compute_async(ctx, graph::GraphView::new(split_nodes, &[]))?,
                 Some(cb) => {
@@ -236,7 +273,7 @@ impl Scheduler {
                     status
                 }
             };
-            if let (Some(sink), Some(t0)) = (self.trace.as_mut(), t) {
+            if let (Some(sink), Some(t0)) = (self.hooks.trace.as_mut(), t) {
                 sink.span(&TraceSpan {
                     end: Instant::now(),
                     ..span(SpanKind::Compute, t0, None)
@@ -246,13 +283,13 @@ impl Scheduler {
                 return Ok(status);
             }
 
-            if !self.splits[si].inputs.is_empty()
+            if !self.splits.list[si].inputs.is_empty()
                 && let Some(e) = &event
             {
                 split_backend.event_record(e)?;
             }
         }
-        self.cur_copy = (self.cur_copy + 1) % self.n_copies;
+        self.pipeline.cur_copy = (self.pipeline.cur_copy + 1) % self.pipeline.n_copies;
         Ok(ComputeStatus::Success)
     }
 }

@@ -20,9 +20,38 @@ pub(super) struct Rewrite {
     pub(super) copy: TensorId,
 }
 
+/// The copies of the last plan: per tensor with copies, one block of `n_backends · n_copies`
+/// entries (the tensor's slot names its block), and the graph inputs given per-pipeline-copy
+/// storage.
+#[derive(Debug)]
+pub(super) struct Copies {
+    /// The plan the blocks belong to: copies live only until the next plan, which makes them
+    /// again in the caller's context (0 is never current).
+    pub(super) epoch: u32,
+    pub(super) blocks: Vec<Option<TensorId>>,
+    pub(super) graph_inputs: Vec<TensorId>,
+}
+
+impl Default for Copies {
+    fn default() -> Copies {
+        Copies {
+            epoch: 1,
+            blocks: Vec::new(),
+            graph_inputs: Vec::new(),
+        }
+    }
+}
+
+/// The rewrites of the caller's graph the last plan made, and whether they are applied now.
+#[derive(Debug, Default)]
+pub(super) struct Rewrites {
+    pub(super) list: Vec<Rewrite>,
+    pub(super) applied: bool,
+}
+
 impl Scheduler {
     pub(super) fn copy_index(&self, b: usize, c: usize) -> usize {
-        b * self.n_copies + c
+        b * self.pipeline.n_copies + c
     }
 
     /// The copy table holds one block of `n_backends · n_copies` entries per tensor with
@@ -31,17 +60,17 @@ impl Scheduler {
     /// (the table is cleared whenever the epoch moves on).
     pub(super) fn get_copy(&self, t: TensorId, b: usize, c: usize) -> Option<TensorId> {
         let s = self.slot(t)?;
-        if s.copies == NO_COPIES || s.copies_epoch != self.copy_epoch {
+        if s.copies == NO_COPIES || s.copies_epoch != self.copies.epoch {
             return None;
         }
-        let per = self.backends.len() * self.n_copies;
-        self.copy_table[s.copies as usize * per + self.copy_index(b, c)]
+        let per = self.backends.len() * self.pipeline.n_copies;
+        self.copies.blocks[s.copies as usize * per + self.copy_index(b, c)]
     }
 
     pub(super) fn set_copy(&mut self, t: TensorId, b: usize, c: usize, copy: TensorId) {
-        let per = self.backends.len() * self.n_copies;
+        let per = self.backends.len() * self.pipeline.n_copies;
         let k = self.copy_index(b, c);
-        let copy_epoch = self.copy_epoch;
+        let copy_epoch = self.copies.epoch;
         let block = {
             let s = self.slot_mut(t);
             if s.copies_epoch != copy_epoch {
@@ -50,8 +79,10 @@ impl Scheduler {
             s.copies
         };
         let block = if block == NO_COPIES {
-            let nb = (self.copy_table.len() / per) as u32;
-            self.copy_table.resize(self.copy_table.len() + per, None);
+            let nb = (self.copies.blocks.len() / per) as u32;
+            self.copies
+                .blocks
+                .resize(self.copies.blocks.len() + per, None);
             let s = self.slot_mut(t);
             s.copies = nb;
             s.copies_epoch = copy_epoch;
@@ -59,12 +90,12 @@ impl Scheduler {
         } else {
             block
         };
-        self.copy_table[block as usize * per + k] = Some(copy);
+        self.copies.blocks[block as usize * per + k] = Some(copy);
     }
 
     /// The copy of `t` for backend `b` and pipeline copy `c`, if the last split made one.
     pub fn tensor_copy(&self, t: TensorId, b: usize, c: usize) -> Option<TensorId> {
-        if b >= self.backends.len() || c >= self.n_copies {
+        if b >= self.backends.len() || c >= self.pipeline.n_copies {
             return None;
         }
         self.get_copy(t, b, c)
@@ -73,20 +104,20 @@ impl Scheduler {
     // ---- rewrites of the caller's graph ----
 
     pub(super) fn apply_rewrites(&mut self, ctx: &mut Context) {
-        if self.rewritten {
+        if self.rewrites.applied {
             return;
         }
-        for r in &self.rewrites {
+        for r in &self.rewrites.list {
             let _ = ctx.set_src(r.node, r.slot as usize, Some(r.copy));
         }
-        self.rewritten = true;
+        self.rewrites.applied = true;
     }
 
     pub(super) fn restore_rewrites(&mut self, ctx: &mut Context) {
-        if !self.rewritten {
+        if !self.rewrites.applied {
             return;
         }
-        for r in self.rewrites.iter().rev() {
+        for r in self.rewrites.list.iter().rev() {
             // A node the caller has rewound away is skipped (set_src checks liveness).
             if ctx
                 .get(r.node)
@@ -95,17 +126,18 @@ impl Scheduler {
                 let _ = ctx.set_src(r.node, r.slot as usize, Some(r.original));
             }
         }
-        self.rewritten = false;
+        self.rewrites.applied = false;
     }
 
     /// The source the allocator and backends see in slot `j` of `node` (the input copy where
     /// the last split made one).
     pub fn effective_src(&self, ctx: &Context, node: TensorId, j: usize) -> Option<TensorId> {
         let s = ctx.get(node).ok()?.src(j)?;
-        if self.rewritten {
+        if self.rewrites.applied {
             return Some(s);
         }
         self.rewrites
+            .list
             .iter()
             .find(|r| r.node == node && r.slot as usize == j && r.original == s)
             .map_or(Some(s), |r| Some(r.copy))
@@ -148,13 +180,13 @@ impl Scheduler {
         for (j, s) in srcs.iter().enumerate() {
             let Some(src) = *s else { continue };
             let sb = self.bid(src);
-            if self.n_copies > 1
+            if self.pipeline.n_copies > 1
                 && ctx.get(src)?.flags().contains(TensorFlags::INPUT)
                 && let Some(sbi) = sb.get().map(BackendId::index)
                 && self.get_copy(src, sbi, 0).is_none()
             {
-                for c in 0..self.n_copies {
-                    let copy = if c == self.cur_copy {
+                for c in 0..self.pipeline.n_copies {
+                    let copy = if c == self.pipeline.cur_copy {
                         src
                     } else {
                         self.make_copy(ctx, src, sbi, c)?
@@ -163,40 +195,42 @@ impl Scheduler {
                     ctx.set_output(copy)?;
                     self.set_copy(src, sbi, c, copy);
                 }
-                if self.strict && self.graph_inputs.len() >= MAX_SPLIT_INPUTS {
+                if self.options.strict && self.copies.graph_inputs.len() >= MAX_SPLIT_INPUTS {
                     return Err(SchedError::TooManyGraphInputs {
                         limit: MAX_SPLIT_INPUTS,
                     });
                 }
-                self.graph_inputs.push(src);
+                self.copies.graph_inputs.push(src);
             }
 
             if sb != cur && !self.buffer_supported(ctx, src, cur.index()) {
                 let cu = cur.index();
                 if self.get_copy(src, cu, 0).is_none() {
-                    for c in 0..self.n_copies {
+                    for c in 0..self.pipeline.n_copies {
                         let copy = self.make_copy(ctx, src, cu, c)?;
-                        if self.n_copies > 1 {
+                        if self.pipeline.n_copies > 1 {
                             ctx.set_input(copy)?;
                             ctx.set_output(copy)?;
                         }
                         self.set_copy(src, cu, c, copy);
                     }
-                    if self.strict && self.splits[i_split].inputs.len() >= MAX_SPLIT_INPUTS {
+                    if self.options.strict
+                        && self.splits.list[i_split].inputs.len() >= MAX_SPLIT_INPUTS
+                    {
                         return Err(SchedError::TooManySplitInputs {
                             split: i_split,
                             limit: MAX_SPLIT_INPUTS,
                         });
                     }
-                    self.splits[i_split].inputs.push(src);
+                    self.splits.list[i_split].inputs.push(src);
                 }
                 let copy = self
-                    .get_copy(src, cu, self.cur_copy)
+                    .get_copy(src, cu, self.pipeline.cur_copy)
                     // invariant: the loop above made copies for every pipeline copy
                     .expect("copies for every pipeline copy were just made");
                 ctx.set_src(node, j, Some(copy))?;
-                self.rewritten = true;
-                self.rewrites.push(Rewrite {
+                self.rewrites.applied = true;
+                self.rewrites.list.push(Rewrite {
                     node,
                     slot: j as u8,
                     original: src,

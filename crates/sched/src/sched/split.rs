@@ -7,11 +7,19 @@ use super::backend_id::{BackendId, Settled};
 use super::{MAX_SPLIT_INPUTS, Result, Scheduler, Split};
 use crate::error::SchedError;
 
+/// The splits of the last plan: the first `n` entries of `list` (the entries past them keep
+/// their input lists' capacity for the next plan).
+#[derive(Debug, Default)]
+pub(super) struct SplitList {
+    pub(super) list: Vec<Split>,
+    pub(super) n: usize,
+}
+
 impl Scheduler {
     /// With reference limits, a graph larger than the seed's hash set is an error.
     pub(super) fn check_capacity(&self, graph: &Graph) -> Result<()> {
-        if self.strict {
-            let cap = crate::hash_size(self.graph_size);
+        if self.options.strict {
+            let cap = crate::hash_size(self.options.graph_size);
             let n = graph.n_nodes() + graph.n_leafs();
             if n > cap {
                 return Err(SchedError::GraphTooLarge { n, capacity: cap });
@@ -35,36 +43,36 @@ impl Scheduler {
     /// caller restores the rewritten sources.
     pub(super) fn plan_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
         self.restore_rewrites(ctx);
-        self.rewrites.clear();
+        self.rewrites.list.clear();
         // copies made by an earlier split may have been rewound away with the caller's
         // context; every split makes its own (the seed relies on a reset in between)
-        self.copy_epoch = self.copy_epoch.wrapping_add(1).max(1);
-        self.copy_table.clear();
-        self.n_splits = 0;
-        self.planned = None;
-        self.graph_inputs.clear();
-        self.is_reset = false;
+        self.copies.epoch = self.copies.epoch.wrapping_add(1).max(1);
+        self.copies.blocks.clear();
+        self.splits.n = 0;
+        self.state.planned = None;
+        self.copies.graph_inputs.clear();
+        self.state.is_reset = false;
         // usages may have changed and buffers come and gone since the last split
-        self.buffer_memo.clear();
+        self.caps.memo.clear();
 
         // the dense per-compute-node lists the phases hand on (kept for their capacity)
-        let mut compute = std::mem::take(&mut self.scratch);
-        let mut bids = std::mem::take(&mut self.scratch_bids);
-        let mut settled = std::mem::take(&mut self.scratch_settled);
+        let mut compute = std::mem::take(&mut self.lists.compute);
+        let mut bids = std::mem::take(&mut self.lists.bids);
+        let mut settled = std::mem::take(&mut self.lists.settled);
         compute.clear();
         bids.clear();
         settled.clear();
         let r = self
             .assign_backends(ctx, graph, &mut compute, &mut bids, &mut settled)
             .and_then(|()| self.cut_splits(ctx, graph, &compute, &settled));
-        self.scratch = compute;
-        self.scratch_bids = bids;
-        self.scratch_settled = settled;
+        self.lists.compute = compute;
+        self.lists.bids = bids;
+        self.lists.settled = settled;
         r?;
 
-        if self.debug > 0 {
+        if self.options.debug > 0 {
             let mut s = String::new();
-            self.write_layout(ctx, graph, self.debug, &mut s);
+            self.write_layout(ctx, graph, self.options.debug, &mut s);
             tracing::debug!(target: "sched", "{s}");
         }
 
@@ -72,14 +80,14 @@ impl Scheduler {
     }
 
     pub(super) fn new_split(&mut self, i_split: usize, backend: BackendId, start: usize) {
-        if i_split < self.splits.len() {
-            let s = &mut self.splits[i_split];
+        if i_split < self.splits.list.len() {
+            let s = &mut self.splits.list[i_split];
             s.backend = backend;
             s.start = start;
             s.end = start;
             s.inputs.clear();
         } else {
-            self.splits.push(Split {
+            self.splits.list.push(Split {
                 backend,
                 start,
                 end: start,
@@ -102,11 +110,15 @@ impl Scheduler {
         settled: &[Settled],
     ) -> Result<()> {
         let nodes = graph.nodes();
-        let no_pipeline = self.n_copies == 1;
+        let no_pipeline = self.pipeline.n_copies == 1;
         let mut i_split = 0usize;
         // the first split's backend: the first non-view node's (kept from the last plan when
         // every node is a view, as the seed does)
-        let mut first_backend = self.splits.first().map_or(BackendId::new(0), |s| s.backend);
+        let mut first_backend = self
+            .splits
+            .list
+            .first()
+            .map_or(BackendId::new(0), |s| s.backend);
         if let Some(&i) = compute.first() {
             let Some(b) = self.bid(nodes[i]).get() else {
                 let t = ctx.get(nodes[i])?;
@@ -126,7 +138,7 @@ impl Scheduler {
                 // every source is on `nb`: the new-split check below finds nothing, and
                 // nothing is copied (the general path would decide the same)
                 if nb != cur {
-                    self.splits[i_split].end = i;
+                    self.splits.list[i_split].end = i;
                     i_split += 1;
                     self.new_split(i_split, nb, i);
                     cur = nb;
@@ -146,7 +158,7 @@ impl Scheduler {
             let mut need_new_split = false;
             // whether every source is known to be on `cur`
             let mut srcs_on_cur = false;
-            let n_inputs = self.splits[i_split].inputs.len();
+            let n_inputs = self.splits.list[i_split].inputs.len();
             if nb == cur && n_inputs > 0 {
                 srcs_on_cur = true;
                 for s in srcs.iter().flatten() {
@@ -175,7 +187,7 @@ impl Scheduler {
             }
 
             if nb != cur || need_new_split {
-                self.splits[i_split].end = i;
+                self.splits.list[i_split].end = i;
                 i_split += 1;
                 self.new_split(i_split, nb, i);
                 cur = nb;
@@ -184,7 +196,7 @@ impl Scheduler {
 
             // the common case: every source is on this split's backend and there are no
             // pipeline copies, so nothing is copied or rewritten
-            if self.n_copies == 1
+            if self.pipeline.n_copies == 1
                 && (srcs_on_cur || srcs.iter().flatten().all(|&s| self.bid(s) == cur))
             {
                 continue;
@@ -194,8 +206,8 @@ impl Scheduler {
             let srcs = *t.srcs();
             self.copy_inputs(ctx, node, &srcs[..n_src], i_split, cur)?;
         }
-        self.splits[i_split].end = nodes.len();
-        self.n_splits = i_split + 1;
+        self.splits.list[i_split].end = nodes.len();
+        self.splits.n = i_split + 1;
         Ok(())
     }
 }

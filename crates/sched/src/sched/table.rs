@@ -95,11 +95,28 @@ impl Slot {
     }
 }
 
+/// The per-tensor table: one [`Slot`] per tensor index, current when stamped with `epoch`.
+#[derive(Debug, Default)]
+pub(super) struct TensorTable {
+    /// The current epoch; `reset` moves it on (0 is never current).
+    pub(super) epoch: u32,
+    pub(super) slots: Vec<Slot>,
+}
+
+impl TensorTable {
+    pub(super) fn with_capacity(n: usize) -> TensorTable {
+        TensorTable {
+            epoch: 0,
+            slots: Vec::with_capacity(n),
+        }
+    }
+}
+
 impl Scheduler {
     /// The key bits of the current epoch (see [`Slot`]).
     #[inline]
     pub(super) fn key_hi(&self) -> u64 {
-        u64::from(self.epoch) << 32
+        u64::from(self.table.epoch) << 32
     }
 
     #[inline]
@@ -110,13 +127,13 @@ impl Scheduler {
     #[inline]
     pub(super) fn slot(&self, t: TensorId) -> Option<&Slot> {
         let key = self.key(t);
-        self.slots.get(t.index()).filter(|s| s.key == key)
+        self.table.slots.get(t.index()).filter(|s| s.key == key)
     }
 
     pub(super) fn slot_mut(&mut self, t: TensorId) -> &mut Slot {
-        Slot::reserve_index(&mut self.slots, t.index());
+        Slot::reserve_index(&mut self.table.slots, t.index());
         let key_hi = self.key_hi();
-        Slot::current_in(&mut self.slots, key_hi, t)
+        Slot::current_in(&mut self.table.slots, key_hi, t)
     }
 
     pub(super) fn bid(&self, t: TensorId) -> PackedBackend {
@@ -154,21 +171,24 @@ impl Scheduler {
             });
         }
         self.set_bid(t, BackendId::new(b).into(), Cause::User);
-        self.is_reset = false;
+        self.state.is_reset = false;
         Ok(())
     }
 
     /// Forget assignments and copies (`ggml_backend_sched_reset`); O(1).
     pub fn reset(&mut self) {
-        if !self.is_reset {
-            self.epoch = self.epoch.wrapping_add(1);
-            if self.epoch == 0 {
-                self.slots.iter_mut().for_each(|s| *s = Slot::default());
-                self.epoch = 1;
+        if !self.state.is_reset {
+            self.table.epoch = self.table.epoch.wrapping_add(1);
+            if self.table.epoch == 0 {
+                self.table
+                    .slots
+                    .iter_mut()
+                    .for_each(|s| *s = Slot::default());
+                self.table.epoch = 1;
             }
-            self.copy_table.clear();
-            self.is_reset = true;
+            self.copies.blocks.clear();
+            self.state.is_reset = true;
         }
-        self.is_alloc = false;
+        self.state.is_alloc = false;
     }
 }
