@@ -1,18 +1,40 @@
-//! The scheduler proper: backend assignment, splitting, the allocation graph, compute.
+//! The scheduler proper: backend assignment, splitting, copies, the allocation graph,
+//! compute.
 //!
 //! The decisions follow the seed (`ggml_backend_sched_split_graph` and friends) step for step,
 //! because the plans users and fixtures see are defined by them; only the data structures
 //! differ:
 //!
-//! * Per-tensor state (backend id, the pass that chose it, input copies per backend and
+//! * Per-tensor state (backend, the rule that chose it, input copies per backend and
 //!   pipeline copy) lives in a direct-address table indexed by [`TensorId::index`] and stamped
 //!   with an epoch. `reset` bumps the epoch instead of clearing memory, the table grows with
 //!   the context instead of aborting when a hash set is full (#16555), and once it has grown
 //!   nothing on the per-step path allocates.
+//! * A backend is a `BackendId`, "maybe a backend" a two-byte `PackedBackend`, where the seed
+//!   has `int` with `-1`; the note the assignment phase leaves for splitting (a node settled
+//!   on one backend with all its sources) has its own type, so neither is a sentinel that
+//!   could be read as the other.
 //! * The seed points `node->src[j]` of the caller's graph at input copies and leaves it so,
 //!   which breaks reserve-then-alloc on one graph (llama.cpp #15434). We record each rewrite,
 //!   apply them only while the allocator or the backends look at the graph, and restore the
 //!   original sources before any public call returns.
+//!
+//! The phases live in one module each, every one an `impl Scheduler` block over the state it
+//! owns; this is where each part of the seed (`shared/seeds/ggml-backend.cpp`) went:
+//!
+//! | module | does | the seed's |
+//! |---|---|---|
+//! | `assign` | `assign_backends`: `assign_from_buffers` (pre-allocated tensors, inputs, ops on weights), `expand_assignments` (non-CPU backends down and up, then all), `assign_best_or_upgrade` (most usable inputs; same-buffer-type upgrade), `settle_sources_and_views` (sources and views follow their consumer or root) | `ggml_backend_sched_split_graph` passes 1, 2, 3 and 4; `ggml_backend_sched_backend_id_from_cur`, `ggml_backend_sched_set_if_supported` |
+//! | `split` | `split_graph`, `plan_graph` (reset the plan, assign, split, build the allocation graph), `cut_splits` (new split on a backend change, an unusable weight or a full input list) | `ggml_backend_sched_split_graph` pass 5 (the split decisions) |
+//! | `copies` | `copy_inputs` (input copies per split, pipeline copies of graph inputs), the copy table, the source rewrites | `ggml_backend_sched_split_graph` pass 5 (the copies, `tensor_id_copy`, `graph_inputs`) |
+//! | `alloc` | `build_alloc_graph`, `alloc_splits`, `reserve`, `alloc_graph` | the tail of `ggml_backend_sched_split_graph` (the `graph_copy`), `ggml_backend_sched_alloc_splits`, `_reserve`, `_alloc_graph` |
+//! | `compute` | `graph_compute(_async)`, `compute_splits` (input copies, events, the eval callback), `synchronize` | `ggml_backend_sched_compute_splits`, `_graph_compute(_async)`, `_synchronize` |
+//! | `buffers` | what a buffer tells the phases (usage, devices), memoised per plan; `buffer_supported` | `ggml_backend_sched_backend_from_buffer`, `ggml_backend_sched_buffer_supported` |
+//! | `table` | the per-tensor table, `set_tensor_backend`, `reset` | `hv_tensor_backend_ids`, `hv_tensor_copies`, `_set_tensor_backend`, `_reset` |
+//! | `backend_id` | `BackendId`, `PackedBackend`, `Settled` | `int backend_id`, `-1` |
+//!
+//! The rest of the seed's interface (`ggml_backend_sched_new`, the getters, the eval callback
+//! and the `GGML_SCHED_DEBUG` layout) is here and in `print.rs`.
 
 use std::fmt::Write as _;
 
@@ -352,9 +374,10 @@ impl Scheduler {
         self.hooks.callback = callback;
     }
 
-    /// Install or remove the trace sink, which then receives a [`TraceSpan`](crate::trace::TraceSpan) for every
-    /// input copy, wait and split compute of [`Scheduler::graph_compute`] (see
-    /// [`crate::trace`]); returns the sink it replaces. Without a sink nothing is timed.
+    /// Install or remove the trace sink, which then receives a
+    /// [`TraceSpan`](crate::trace::TraceSpan) for every input copy, wait and split compute of
+    /// [`Scheduler::graph_compute`] (see [`crate::trace`]); returns the sink it replaces. Without a
+    /// sink nothing is timed.
     pub fn set_trace_sink(
         &mut self,
         sink: Option<Box<dyn TraceSink>>,

@@ -47,7 +47,8 @@ impl Scheduler {
     }
 
     /// `ggml_backend_sched_backend_id_from_cur` (`t` is `id`'s tensor; `memo` and `devices`
-    /// are the scheduler's, passed apart so that pass 1 can hold the tensor's slot).
+    /// are the scheduler's, passed apart so that `assign_from_buffers` can hold the tensor's
+    /// slot).
     #[inline(always)]
     pub(super) fn backend_id_from_cur(
         memo: &mut BufferMemo,
@@ -140,9 +141,9 @@ impl Scheduler {
         }
     }
 
-    /// Pass 1 for one tensor: `bid`, and when unassigned `backend_id_from_cur` then
-    /// `set_bid`, on one slot access (`slots`, `memo`, `devices` and `key_hi` are the
-    /// scheduler's, passed apart; `slots` holds every tensor of `ctx`).
+    /// [`Scheduler::assign_from_buffers`] for one tensor: `bid`, and when unassigned
+    /// `backend_id_from_cur` then `set_bid`, on one slot access (`slots`, `memo`, `devices`
+    /// and `key_hi` are the scheduler's, passed apart; `slots` holds every tensor of `ctx`).
     #[inline(always)]
     pub(super) fn assign_from_cur(
         slots: &mut [Slot],
@@ -170,8 +171,8 @@ impl Scheduler {
         Ok(b)
     }
 
-    /// Pass 1: pre-allocated tensors, inputs, ops on weights. Returns whether any node sits
-    /// on a backend other than the last one.
+    /// Assign pre-allocated tensors, inputs and ops on weights (the seed's pass 1). Returns
+    /// whether any node sits on a backend other than the last one.
     ///
     /// The positions of the compute (non-view) nodes are appended to `compute` and their
     /// backends to `bids`.
@@ -185,7 +186,6 @@ impl Scheduler {
     ) -> Result<bool> {
         let nodes = graph.nodes();
         let leafs = graph.leafs();
-        // pass 1: pre-allocated tensors, inputs, ops on weights
         // every tensor of the context gets a slot up front
         if let Some(last) = ctx.len().checked_sub(1) {
             Slot::reserve_index(&mut self.table.slots, last);
@@ -201,8 +201,8 @@ impl Scheduler {
             Self::assign_from_cur(slots, memo, devices, key_hi, ctx, leaf, t)?;
         }
         // whether any node sits on a backend other than the last one: the first two sweeps of
-        // pass 2 expand only such assignments, and are skipped without one (one backend); none
-        // is no such backend
+        // `expand_assignments` expand only such assignments, and are skipped without one (one
+        // backend); none is no such backend
         let n_first = self.backends.len() - 1;
         let mut any_gpu = false;
         for (pos, &node) in nodes.iter().enumerate() {
@@ -218,7 +218,8 @@ impl Scheduler {
         Ok(any_gpu)
     }
 
-    /// Pass 2: expand non-CPU backends down and up, then every backend down and up.
+    /// Expand assignments to unassigned neighbours: non-CPU backends down and up, then every
+    /// backend down and up (the seed's pass 2).
     ///
     /// `bids[k]` is the backend of compute node `nodes[compute[k]]`, kept in step with its
     /// slot.
@@ -246,9 +247,9 @@ impl Scheduler {
         }
     }
 
-    /// One sweep of pass 2 over the compute nodes `ks`, in that order: a node with a backend
-    /// sets the backend expanded (none for the last backend when `only_gpu`), a node without
-    /// gets it where its device runs the op. Returns the last `k` visited that is left
+    /// One sweep of [`Scheduler::expand_assignments`] over the compute nodes `ks`, in that order: a
+    /// node with a backend sets the backend expanded (none for the last backend when `only_gpu`), a
+    /// node without gets it where its device runs the op. Returns the last `k` visited that is left
     /// without a backend.
     #[inline(always)]
     pub(super) fn expand_sweep(
@@ -277,10 +278,11 @@ impl Scheduler {
         unassigned
     }
 
-    /// Pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
-    /// nodes to a higher-priority backend with the same buffer type.
+    /// Give unassigned nodes the backend with most usable inputs; upgrade assigned nodes to a
+    /// higher-priority backend with the same buffer type (the seed's pass 3).
     ///
-    /// `bids[k]` is the backend of compute node `nodes[compute[k]]` after pass 2.
+    /// `bids[k]` is the backend of compute node `nodes[compute[k]]` after
+    /// [`Scheduler::expand_assignments`].
     #[inline(never)]
     pub(super) fn assign_best_or_upgrade(
         &mut self,
@@ -289,8 +291,6 @@ impl Scheduler {
         compute: &[usize],
         bids: &[PackedBackend],
     ) -> Result<()> {
-        // pass 3: unassigned nodes to the backend with most usable inputs; upgrade assigned
-        // nodes to a higher-priority backend with the same buffer type
         for (&pos, &b) in compute.iter().zip(bids) {
             let b = b.get();
             if let Some(b) = b
@@ -352,15 +352,17 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Pass 4: sources and views without a backend follow their root or their consumer.
+    /// Sources and views without a backend follow their root or their consumer (the seed's
+    /// pass 4).
     ///
-    /// Also notes, for pass 5, each compute node whose backend and sources' backends are
-    /// settled and equal: `settled` gets one [`Settled`] per compute node, in the order pass 1
-    /// listed them. Settled is final: pass 4 only assigns tensors without a backend.
+    /// Also notes, for [`Scheduler::cut_splits`], each compute node whose backend and sources'
+    /// backends are settled and equal: `settled` gets one [`Settled`] per compute node, in the
+    /// order [`Scheduler::assign_from_buffers`] listed them. Settled is final: this phase only
+    /// assigns tensors without a backend.
     ///
-    /// The slot table (which holds every tensor of `ctx` since pass 1) is walked through
-    /// `slots` and `key_hi`, the scheduler's passed apart, so that the per-source loop keeps
-    /// them in registers.
+    /// The slot table (which holds every tensor of `ctx` since `assign_from_buffers`) is walked
+    /// through `slots` and `key_hi`, the scheduler's passed apart, so that the per-source loop
+    /// keeps them in registers.
     #[inline(never)]
     pub(super) fn settle_sources_and_views(
         slots: &mut [Slot],
@@ -369,7 +371,6 @@ impl Scheduler {
         graph: &Graph,
         settled_out: &mut Vec<Settled>,
     ) -> Result<()> {
-        // pass 4: sources and views without a backend follow their root or their consumer
         for &node in graph.nodes() {
             let t = ctx.get(node)?;
             let mut cur = Slot::backend_in(slots, key_hi, node);
@@ -391,7 +392,7 @@ impl Scheduler {
             if !settled && srcs.iter().flatten().any(|s| bid(s).is_none()) {
                 settled = Self::settle_sources(slots, key_hi, ctx, t, cur)?;
             }
-            // pass 1 listed exactly the non-view nodes
+            // `assign_from_buffers` listed exactly the non-view nodes
             if !t.op().is_view_op() {
                 settled_out.push(match cur.get() {
                     Some(b) if settled => Settled::on(b),
@@ -403,9 +404,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Pass 4 for the sources of `t`, a node on `cur` (maybe none) with a source without a
-    /// backend: in order, a view follows its root, anything else its consumer. Returns whether
-    /// every source ends on `cur` and `cur` is a backend.
+    /// [`Scheduler::settle_sources_and_views`] for the sources of `t`, a node on `cur` (maybe none)
+    /// with a source without a backend: in order, a view follows its root, anything else its
+    /// consumer. Returns whether every source ends on `cur` and `cur` is a backend.
     #[cold]
     #[inline(never)]
     pub(super) fn settle_sources(

@@ -7,7 +7,7 @@ use graph::{Context, Tensor, TensorId};
 use super::Scheduler;
 use super::backend_id::{BackendId, PackedBackend};
 
-/// What one buffer tells the passes: its usage and which devices read its buffer type.
+/// What one buffer tells the phases: its usage and which devices read its buffer type.
 ///
 /// Aligned to a word so that a memo hit reads it with one load.
 #[derive(Copy, Clone, Debug, Default)]
@@ -148,7 +148,7 @@ impl Scheduler {
         t.storage().filter(|_| t.view_src().is_none())
     }
 
-    /// What the buffer behind `st` tells the passes, from the per-split memo.
+    /// What the buffer behind `st` tells the phases, from the per-split memo.
     #[inline]
     pub(super) fn buffer_facts(&mut self, st: &graph::TensorStorage) -> BufferFacts {
         self.caps.memo.facts(st, &self.devices)

@@ -96,11 +96,11 @@ impl Scheduler {
         }
     }
 
-    /// Pass 5: splits and input copies.
+    /// Cut the assigned graph into splits and make their input copies (the seed's pass 5).
     ///
-    /// `compute` holds the positions of the compute (non-view) nodes, from pass 1, and
-    /// `settled` what pass 4 noted of them: a node settled on one backend with all its sources
-    /// needs no source check and no copy without pipeline copies.
+    /// `compute` holds the positions of the compute (non-view) nodes and `settled` what
+    /// [`Scheduler::settle_sources_and_views`] noted of them: a node settled on one backend with
+    /// all its sources needs no source check and no copy without pipeline copies.
     #[inline(never)]
     pub(super) fn cut_splits(
         &mut self,

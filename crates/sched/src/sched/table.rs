@@ -17,7 +17,7 @@ pub(super) const NO_COPIES: u32 = u32::MAX;
 #[derive(Copy, Clone, Debug, Default)]
 pub(super) struct Slot {
     pub(super) key: u64,
-    /// None or an index of the scheduler's backends: every writer gives one (the passes take
+    /// None or an index of the scheduler's backends: every writer gives one (the phases take
     /// them from the device list, `set_tensor_backend` checks the caller's), which is what
     /// indexing `backends`, `devices`, `bufts` and `backend_buft_devices` by a backend relies
     /// on.
@@ -161,7 +161,7 @@ impl Scheduler {
     }
 
     /// Pin `t` to backend `b` (`ggml_backend_sched_set_tensor_backend`). The assignment is
-    /// never overwritten by the passes and lasts until the next [`Scheduler::reset`].
+    /// never overwritten by the phases and lasts until the next [`Scheduler::reset`].
     pub fn set_tensor_backend(&mut self, ctx: &Context, t: TensorId, b: usize) -> Result<()> {
         ctx.get(t)?;
         if b >= self.backends.len() {
