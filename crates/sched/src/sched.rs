@@ -10,8 +10,8 @@
 //!   with an epoch. `reset` bumps the epoch instead of clearing memory, the table grows with
 //!   the context instead of aborting when a hash set is full (#16555), and once it has grown
 //!   nothing on the per-step path allocates.
-//! * A backend is a `BackendId`, "maybe a backend" a two-byte `PackedBackend`, where the seed
-//!   has `int` with `-1`; the note the assignment phase leaves for splitting (a node settled
+//! * A backend is a `BackendId`, "maybe a backend" a `PackedBackend` of the same size, where
+//!   the seed has `int` with `-1`; the note the assignment phase leaves for splitting (a node settled
 //!   on one backend with all its sources) has its own type, so neither is a sentinel that
 //!   could be read as the other.
 //! * The seed points `node->src[j]` of the caller's graph at input copies and leaves it so,

@@ -43,6 +43,8 @@ impl Scheduler {
         self.expand_assignments(ctx, nodes, compute, bids, any_gpu);
         self.assign_best_or_upgrade(ctx, nodes, compute, bids)?;
         let key_hi = self.key_hi();
+        // one note per compute node, written in place
+        settled.resize(compute.len(), Settled::UNSETTLED);
         Self::settle_sources_and_views(&mut self.table.slots, key_hi, ctx, graph, settled)
     }
 
@@ -262,15 +264,21 @@ impl Scheduler {
         only_gpu: bool,
     ) -> Option<usize> {
         let last = BackendId::new(self.backends.len() - 1);
-        let mut cur: Option<BackendId> = None;
+        // packed, as `bids` is: the sweep compares and copies it without unpacking
+        let mut cur = PackedBackend::NONE;
         let mut unassigned = None;
         for k in ks {
-            if let Some(b) = bids[k].get() {
-                cur = if only_gpu && b == last { None } else { Some(b) };
-            } else if let Some(c) = cur
+            let b = bids[k];
+            if b.is_some() {
+                cur = if only_gpu && b == last {
+                    PackedBackend::NONE
+                } else {
+                    b
+                };
+            } else if let Some(c) = cur.get()
                 && self.set_if_supported(ctx, nodes[compute[k]], c)
             {
-                bids[k] = c.into();
+                bids[k] = cur;
             } else {
                 unassigned = Some(k);
             }
@@ -292,19 +300,20 @@ impl Scheduler {
         bids: &[PackedBackend],
     ) -> Result<()> {
         for (&pos, &b) in compute.iter().zip(bids) {
-            let b = b.get();
-            if let Some(b) = b
-                && (b.index() == 0
-                    || !self
+            if b == BackendId::new(0)
+                || b.get().is_some_and(|b| {
+                    !self
                         .caps
                         .upgradable
                         .get(b.index())
                         .copied()
-                        .unwrap_or(false))
+                        .unwrap_or(false)
+                })
             {
                 // nothing to upgrade to
                 continue;
             }
+            let b = b.get();
             let node = nodes[pos];
             let t = ctx.get(node)?;
             let srcs = t.srcs_used();
@@ -356,7 +365,7 @@ impl Scheduler {
     /// pass 4).
     ///
     /// Also notes, for [`Scheduler::cut_splits`], each compute node whose backend and sources'
-    /// backends are settled and equal: `settled` gets one [`Settled`] per compute node, in the
+    /// backends are settled and equal: `settled` holds one [`Settled`] per compute node, in the
     /// order [`Scheduler::assign_from_buffers`] listed them. Settled is final: this phase only
     /// assigns tensors without a backend.
     ///
@@ -369,8 +378,9 @@ impl Scheduler {
         key_hi: u64,
         ctx: &Context,
         graph: &Graph,
-        settled_out: &mut Vec<Settled>,
+        settled: &mut [Settled],
     ) -> Result<()> {
+        let mut notes = settled.iter_mut();
         for &node in graph.nodes() {
             let t = ctx.get(node)?;
             let mut cur = Slot::backend_in(slots, key_hi, node);
@@ -393,11 +403,10 @@ impl Scheduler {
                 settled = Self::settle_sources(slots, key_hi, ctx, t, cur)?;
             }
             // `assign_from_buffers` listed exactly the non-view nodes
-            if !t.op().is_view_op() {
-                settled_out.push(match cur.get() {
-                    Some(b) if settled => Settled::on(b),
-                    _ => Settled::UNSETTLED,
-                });
+            if !t.op().is_view_op()
+                && let Some(note) = notes.next()
+            {
+                *note = Settled::when(settled, cur);
             }
         }
 

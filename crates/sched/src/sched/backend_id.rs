@@ -7,6 +7,10 @@
 //! hottest loops), and the one other note the phases pass on, whether a compute node is
 //! settled on one backend with all its sources, has its own type, [`Settled`], so that it
 //! cannot be mistaken for "no backend".
+//!
+//! The index is a `u32`, as wide as the seed's `int`: the per-tensor slot has the same size
+//! with a narrower one, and 32-bit values need no widening where the sweeps compare and
+//! index with them.
 
 use std::fmt;
 
@@ -15,10 +19,10 @@ use super::MAX_BACKENDS;
 /// Index of one of a scheduler's backends, in priority order (below [`MAX_BACKENDS`]); the
 /// default is the first backend.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct BackendId(u16);
+pub(crate) struct BackendId(u32);
 
 // an index and its packed options must be able to name every backend and keep one value free
-const _: () = assert!(MAX_BACKENDS < u16::MAX as usize - 1);
+const _: () = assert!(MAX_BACKENDS < u32::MAX as usize - 1);
 
 impl BackendId {
     /// The backend at position `i`; `i` is below the scheduler's number of backends at every
@@ -26,24 +30,24 @@ impl BackendId {
     #[inline(always)]
     pub(crate) fn new(i: usize) -> BackendId {
         debug_assert!(i < MAX_BACKENDS);
-        BackendId(i as u16)
+        BackendId(i as u32)
     }
 
     /// The position of this backend in the scheduler's lists.
     #[inline(always)]
     pub(crate) fn index(self) -> usize {
-        usize::from(self.0)
+        self.0 as usize
     }
 }
 
 /// `Option<BackendId>` in the room of one [`BackendId`] (cranelift-entity's `PackedOption`
 /// idea): the all-ones value is "none", which no backend index reaches.
 #[derive(Copy, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct PackedBackend(u16);
+pub(crate) struct PackedBackend(u32);
 
 impl PackedBackend {
     /// No backend.
-    pub(crate) const NONE: PackedBackend = PackedBackend(u16::MAX);
+    pub(crate) const NONE: PackedBackend = PackedBackend(u32::MAX);
 
     /// Backend `b`.
     #[inline(always)]
@@ -71,7 +75,7 @@ impl PackedBackend {
     /// position).
     #[inline(always)]
     pub(crate) fn is_below(self, n: usize) -> bool {
-        usize::from(self.0) < n
+        (self.0 as usize) < n
     }
 }
 
@@ -116,16 +120,24 @@ impl fmt::Debug for PackedBackend {
 /// Its own type, not a [`PackedBackend`]: "unsettled" says nothing about whether the node has
 /// a backend (it usually has one; a source does not, or is elsewhere).
 #[derive(Copy, Clone, PartialEq, Eq)]
-pub(crate) struct Settled(u16);
+pub(crate) struct Settled(u32);
+
+const _: () = assert!(Settled::UNSETTLED.0 == PackedBackend::NONE.0);
 
 impl Settled {
     /// The node or one of its sources is on another backend, or without one.
-    pub(crate) const UNSETTLED: Settled = Settled(u16::MAX);
+    pub(crate) const UNSETTLED: Settled = Settled(u32::MAX);
 
-    /// The node and all its sources are on `b`.
+    /// Settled on the backend of `cur` when `settled`, else unsettled; a `cur` without a
+    /// backend is unsettled either way.
     #[inline(always)]
-    pub(crate) fn on(b: BackendId) -> Settled {
-        Settled(b.0)
+    pub(crate) fn when(settled: bool, cur: PackedBackend) -> Settled {
+        // "none" and "unsettled" share the all-ones value, so `cur` needs no unpacking
+        if settled {
+            Settled(cur.0)
+        } else {
+            Self::UNSETTLED
+        }
     }
 
     /// The backend the node and its sources are settled on, if they are.
@@ -165,8 +177,10 @@ mod tests {
     #[test]
     fn settled_is_not_none() {
         let b = BackendId::new(3);
-        assert_eq!(Settled::on(b).backend(), Some(b));
+        assert_eq!(Settled::when(true, b.into()).backend(), Some(b));
         assert_eq!(Settled::UNSETTLED.backend(), None);
         assert_eq!(format!("{:?}", Settled::UNSETTLED), "Unsettled");
+        assert_eq!(Settled::when(false, b.into()), Settled::UNSETTLED);
+        assert_eq!(Settled::when(true, PackedBackend::NONE), Settled::UNSETTLED);
     }
 }

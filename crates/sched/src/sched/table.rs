@@ -19,7 +19,7 @@ pub(super) struct Slot {
     pub(super) key: u64,
     /// None or an index of the scheduler's backends: every writer gives one (the phases take
     /// them from the device list, `set_tensor_backend` checks the caller's), which is what
-    /// indexing `backends`, `devices`, `bufts` and `backend_buft_devices` by a backend relies
+    /// indexing `backends`, `devices`, `bufts` and `caps.buft_devices` by a backend relies
     /// on.
     pub(super) backend: PackedBackend,
     pub(super) cause: Cause,
