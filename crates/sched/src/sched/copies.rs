@@ -50,6 +50,7 @@ pub(super) struct Rewrites {
 }
 
 impl Scheduler {
+    /// Position of backend `b`'s pipeline copy `c` in a tensor's block of the copy table.
     pub(super) fn copy_index(&self, b: usize, c: usize) -> usize {
         b * self.pipeline.n_copies + c
     }

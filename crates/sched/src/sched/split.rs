@@ -79,6 +79,8 @@ impl Scheduler {
         self.build_alloc_graph(ctx, graph)
     }
 
+    /// Start split `i_split` on `backend` at node `start` (an entry left from an earlier plan is
+    /// reused, keeping its input list's capacity).
     pub(super) fn new_split(&mut self, i_split: usize, backend: BackendId, start: usize) {
         if i_split < self.splits.list.len() {
             let s = &mut self.splits.list[i_split];
