@@ -146,10 +146,11 @@ impl fmt::Debug for Registry {
 /// The process-wide set of registries.
 ///
 /// ```
-/// use backend_core::GlobalRegistry;
+/// use backend_core::{BackendError, GlobalRegistry};
 /// let global = GlobalRegistry::get();
 /// assert!(global.registry("no such backend").is_none());
-/// assert!(global.device_by_name("no such device").is_err());
+/// let r = global.device_by_name("no such device");
+/// assert!(matches!(r, Err(BackendError::NotFound { what: "device", .. })), "{r:?}");
 /// ```
 #[derive(Default)]
 pub struct GlobalRegistry {

@@ -47,7 +47,11 @@ fn event_of_another_device_is_refused_and_nothing_changes() {
         .is_some();
     assert!(!recorded, "a refused record leaves the event untouched");
     assert_eq!(TestBackend::of(&b).queued(), 1);
-    assert!(ev.check_device(&b).is_err());
+    let r = ev.check_device(&b);
+    assert!(
+        matches!(r, Err(BackendError::EventDeviceMismatch { .. })),
+        "{r:?}"
+    );
     let a = dev_a.init_backend("").unwrap();
     assert!(ev.check_device(&a).is_ok());
 }

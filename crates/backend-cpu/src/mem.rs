@@ -155,9 +155,23 @@ mod tests {
             let mut out = vec![1u8; size];
             r.read(0, &mut out).unwrap();
             assert!(out.iter().all(|&b| b == 0));
-            assert!(r.read(1, &mut out).is_err());
-            assert!(r.write(size, &[1]).is_err());
-            assert!(r.fill(usize::MAX, 2, 0).is_err());
+            assert_eq!(
+                r.read(1, &mut out),
+                Err(BackendError::out_of_bounds("cpu read", 1, size, size))
+            );
+            assert_eq!(
+                r.write(size, &[1]),
+                Err(BackendError::out_of_bounds("cpu write", size, 1, size))
+            );
+            assert_eq!(
+                r.fill(usize::MAX, 2, 0),
+                Err(BackendError::out_of_bounds(
+                    "cpu memset",
+                    usize::MAX,
+                    2,
+                    size
+                ))
+            );
             r.fill(size - 1, 1, 0xAB).unwrap();
             r.read(size - 1, &mut out[..1]).unwrap();
             assert_eq!(out[0], 0xAB);
@@ -174,6 +188,9 @@ mod tests {
         let mut out = [0u8; 8];
         r.read(0, &mut out).unwrap();
         assert_eq!(out, [1, 2, 1, 2, 3, 4, 7, 8]);
-        assert!(r.copy_from(5, &r, 0, 4).is_err());
+        assert_eq!(
+            r.copy_from(5, &r, 0, 4),
+            Err(BackendError::out_of_bounds("cpu copy destination", 5, 4, 8))
+        );
     }
 }

@@ -361,7 +361,10 @@ fn device_and_registry() {
     assert_eq!(g.device_by_name("cpu").unwrap(), dev);
     assert_eq!(g.device_by_type(DeviceType::Cpu), Some(dev.clone()));
     assert_eq!(g.find_registry("CPU").unwrap(), cpu_registry());
-    assert!(g.find_registry("Vulkan").is_err());
+    assert_eq!(
+        g.find_registry("Vulkan").err(),
+        Some(BackendError::not_found("registry", "Vulkan"))
+    );
     assert_eq!(
         g.registries().iter().filter(|r| r.name() == "CPU").count(),
         1

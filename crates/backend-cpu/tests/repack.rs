@@ -153,7 +153,11 @@ fn set_and_get_round_trip_whole_in_parts_and_after_fills() {
     want[19..119].fill(0xab);
     assert_eq!(read(&ctx, w), want);
     // Out of range: a typed error, nothing written.
-    assert!(tensor_set(&ctx, w, nw - 2, &[0; 4]).is_err());
+    let r = tensor_set(&ctx, w, nw - 2, &[0; 4]);
+    assert_eq!(
+        r,
+        Err(BackendError::out_of_bounds("tensor_set", nw - 2, 4, nw))
+    );
     assert_eq!(read(&ctx, w), want);
     // Other tensors pass through unchanged.
     let ob = q4_bytes(3, ctx[odd].nbytes());

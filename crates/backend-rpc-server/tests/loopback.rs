@@ -8,7 +8,9 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backend_core::{tensor_alloc, tensor_copy, tensor_get, tensor_memset, tensor_set};
+use backend_core::{
+    BackendError, tensor_alloc, tensor_copy, tensor_get, tensor_memset, tensor_set,
+};
 use backend_rpc::wire::{Command, GraphMessage};
 use backend_rpc::{RpcConfig, RpcError, connect};
 use backend_rpc_server::ServerConfig;
@@ -74,7 +76,19 @@ fn buffers_and_tensor_ops_round_trip() {
     tensor_get(&ctx, b, 0, &mut bb).unwrap();
     assert!(bb.iter().all(|&x| x == 3));
     // Out-of-range requests are refused on our side, the connection stays usable.
-    assert!(tensor_get(&ctx, a, 1000, &mut bb[..100]).is_err());
+    let r = tensor_get(&ctx, a, 1000, &mut bb[..100]);
+    assert!(
+        matches!(
+            r,
+            Err(BackendError::OutOfBounds {
+                what: "tensor_get",
+                offset: 1000,
+                size: 100,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
     tensor_get(&ctx, a, 0, &mut back).unwrap();
 }
 
@@ -89,7 +103,11 @@ fn buffers_are_freed_on_drop() {
     let buft = dev.buffer_type();
     let b1 = buft.alloc_buffer(600 << 10).unwrap();
     // Over the per-client limit while b1 lives: the server answers "no memory".
-    assert!(buft.alloc_buffer(600 << 10).is_err());
+    let r = buft.alloc_buffer(600 << 10);
+    assert!(
+        matches!(r, Err(BackendError::AllocationFailed { size, .. }) if size == 600 << 10),
+        "{r:?}"
+    );
     drop(b1);
     let b2 = buft.alloc_buffer(600 << 10).unwrap();
     assert_eq!(b2.size(), 600 << 10);

@@ -593,12 +593,13 @@ pub fn fnv1a64(data: &[u8]) -> u64 {
 /// is total: short, long or malformed bytes give a [`WireError`], never a panic.
 ///
 /// ```
-/// use backend_rpc::wire::{AllocBufferRequest, Payload};
+/// use backend_rpc::wire::{AllocBufferRequest, Payload, WireError};
 /// let req = AllocBufferRequest { device: 0, size: 96 };
 /// let bytes = req.to_bytes();
 /// assert_eq!(bytes, [0, 0, 0, 0, 96, 0, 0, 0, 0, 0, 0, 0]);
 /// assert_eq!(AllocBufferRequest::decode(&bytes)?, req);
-/// assert!(AllocBufferRequest::decode(&bytes[..11]).is_err()); // short
+/// let short = AllocBufferRequest::decode(&bytes[..11]);
+/// assert!(matches!(short, Err(WireError::Truncated { need: 12, have: 11, .. })), "{short:?}");
 /// # Ok::<(), backend_rpc::wire::WireError>(())
 /// ```
 pub trait Payload: Sized {

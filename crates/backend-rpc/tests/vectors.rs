@@ -7,7 +7,7 @@ use backend_rpc::mapping::{op_from_wire, op_to_wire, type_from_wire, unary_to_wi
 use backend_rpc::wire::{
     AllocBufferRequest, AllocBufferResponse, BufferGetBaseRequest, BufferGetBaseResponse, Command,
     GetTensorRequest, GraphMessage, HelloRequest, HelloResponse, PROTO_MAJOR, PROTO_MINOR,
-    PROTO_PATCH, Payload, Request, RpcTensor, SetTensorRequest, TensorData, put_header,
+    PROTO_PATCH, Payload, Request, RpcTensor, SetTensorRequest, TensorData, WireError, put_header,
 };
 use common::hex;
 use graph::{ElementType, Op, UnaryOp};
@@ -229,11 +229,35 @@ fn graph_compute_request() {
     assert_eq!(req[841..849], 0x5566_86fc_ab40u64.to_le_bytes());
     assert_eq!(GraphMessage::decode(&req[9..], 16, 16).unwrap(), g);
     // Truncated or padded payloads are refused.
-    assert!(GraphMessage::decode(&req[9..req.len() - 1], 16, 16).is_err());
+    let short = GraphMessage::decode(&req[9..req.len() - 1], 16, 16);
+    assert_eq!(
+        short,
+        Err(WireError::BadSize {
+            what: "graph",
+            expected: 908,
+            got: 907
+        })
+    );
     let mut long = req[9..].to_vec();
     long.push(0);
-    assert!(GraphMessage::decode(&long, 16, 16).is_err());
-    assert!(GraphMessage::decode(&req[9..], 0, 16).is_err());
+    let long = GraphMessage::decode(&long, 16, 16);
+    assert_eq!(
+        long,
+        Err(WireError::BadSize {
+            what: "graph",
+            expected: 908,
+            got: 909
+        })
+    );
+    let r = GraphMessage::decode(&req[9..], 0, 16);
+    assert_eq!(
+        r,
+        Err(WireError::OverLimit {
+            what: "graph nodes",
+            got: 1,
+            limit: 0
+        })
+    );
 }
 
 const GET_OUT_320: &str = "

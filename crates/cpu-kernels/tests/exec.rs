@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use backend_core::ComputeStatus;
+use backend_core::{BackendError, ComputeStatus};
 use common::*;
 use cpu_kernels::{ComputeOptions, CpuCompute};
 use graph::{Context, ElementType as T, Graph};
@@ -101,7 +101,11 @@ fn plans_reuse_scratch_and_reject_other_graphs() {
     }
     // A different node list is refused until the plan is updated.
     let sub = g.view(0..1).unwrap();
-    assert!(cpu.compute_plan(&mut plan, &ctx, sub, None).is_err());
+    let r = cpu.compute_plan(&mut plan, &ctx, sub, None);
+    assert!(
+        matches!(&r, Err(BackendError::Failed { message, .. }) if message.contains("update the plan")),
+        "{r:?}"
+    );
     cpu.update_plan(&mut plan, &ctx, sub).unwrap();
     assert!(cpu.compute_plan(&mut plan, &ctx, sub, None).is_ok());
 }

@@ -164,12 +164,17 @@ fn linear_allocator_out_of_space_then_continues() {
         })
     );
     assert!(!ctx[big].has_storage());
+    // a view cannot be placed by the linear allocator, even with room left (checked before the
+    // buffer is full, so that the refusal is not merely for lack of space)
+    let v = ctx.view_1d(a, 4, 0).unwrap();
+    assert_eq!(
+        la.alloc(&mut ctx, v),
+        Err(AllocError::Backend(BackendError::AlreadyAllocated(v)))
+    );
+    assert_eq!(la.offset(), 256);
     la.alloc(&mut ctx, c).unwrap();
     assert_eq!(off(&ctx, c), 256);
     assert_eq!(la.offset(), 512);
-    // a view cannot be placed by the linear allocator
-    let v = ctx.view_1d(a, 4, 0).unwrap();
-    assert!(la.alloc(&mut ctx, v).is_err());
     // nor can a multi-buffer host one
     let multi = backend_core::Buffer::multi(vec![buffer.clone(), buffer]).unwrap();
     assert_eq!(

@@ -29,7 +29,7 @@ pub struct Checkpoint {
 /// source in every later graph.
 ///
 /// ```
-/// use graph::{Context, ElementType, Graph};
+/// use graph::{Context, ElementType, Graph, GraphError};
 /// let mut ctx = Context::new();
 /// let w = ctx.new_tensor_2d(ElementType::F32, 4, 3)?;      // a weight, made once
 /// let step = ctx.checkpoint();
@@ -41,7 +41,7 @@ pub struct Checkpoint {
 ///     assert_eq!(g.leafs(), &[w, x]);
 ///     assert_eq!(g.nodes(), &[y]);
 ///     ctx.rewind(step);                                    // x and y are gone, w stays
-///     assert!(ctx.get(y).is_err());
+///     assert_eq!(ctx.get(y).err(), Some(GraphError::StaleId(y)));
 ///     assert!(ctx.get(w).is_ok());
 /// }
 /// # Ok::<(), graph::GraphError>(())

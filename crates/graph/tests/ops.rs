@@ -868,8 +868,8 @@ fn stale_ids_are_rejected_everywhere() {
     rejects!(ctx, ctx.silu(x), GraphError::StaleId(_));
     rejects!(ctx, ctx.cont(x), GraphError::StaleId(_));
     rejects!(ctx, ctx.view_tensor(x), GraphError::StaleId(_));
-    assert!(ctx.set_name(x, "x").is_err());
-    assert!(ctx.set_src(w, 0, Some(x)).is_err());
+    assert_eq!(ctx.set_name(x, "x"), Err(GraphError::StaleId(x)));
+    assert_eq!(ctx.set_src(w, 0, Some(x)), Err(GraphError::StaleId(x)));
 }
 
 #[test]

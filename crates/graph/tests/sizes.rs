@@ -12,7 +12,7 @@
 //! * `nbytes`, blck > 1:  `ne0 * nb0 / blck + Σ_{i=1..3} (ne_i - 1) * nb_i`
 //! * 0 when any extent is 0.
 
-use graph::{Context, ElementType, GraphError, contiguous_strides, nbytes};
+use graph::{Context, ElementType, GraphError, Op, contiguous_strides, nbytes};
 use proptest::prelude::*;
 
 use ElementType::*;
@@ -59,7 +59,10 @@ fn type_table_matches_the_spec() {
     for id in [4, 5, 16, 29, 31, 37, 38, 1000] {
         assert_eq!(ElementType::from_id(id), None, "id {id}");
     }
-    assert!("q4_2".parse::<ElementType>().is_err());
+    assert_eq!(
+        "q4_2".parse::<ElementType>(),
+        Err(graph::UnknownType("q4_2".to_owned()))
+    );
 }
 
 /// `row_size(T, 2 * blck) = size * 2 * blck / blck = 2 * size`, and `row_size(T, 4 * blck) = 4 * size`.
@@ -434,13 +437,16 @@ fn strided_views_with_overflowing_or_overlong_extents_are_refused() {
     assert_eq!(ctx.len(), n, "a refused view creates nothing");
     let v = ctx.view_2d(a, 4, 4, 16, 0).unwrap();
     assert_eq!(ctx[v].nbytes(), 64);
-    assert!(ctx.view_2d(a, 4, 4, 17, 0).is_err());
+    let r = ctx.view_2d(a, 4, 4, 17, 0);
+    assert!(matches!(r, Err(GraphError::ViewOutOfRange { .. })), "{r:?}");
     assert!(ctx.view_2d(a, 4, 3, 16, 16).is_ok());
-    assert!(ctx.view_2d(a, 4, 3, 16, 17).is_err());
+    let r = ctx.view_2d(a, 4, 3, 16, 17);
+    assert!(matches!(r, Err(GraphError::ViewOutOfRange { .. })), "{r:?}");
     // a view of a view counts from the root
     let w = ctx.view_1d(a, 8, 32).unwrap();
     assert!(ctx.view_2d(w, 4, 2, 16, 0).is_ok());
-    assert!(ctx.view_2d(w, 4, 2, 16, 4).is_err());
+    let r = ctx.view_2d(w, 4, 2, 16, 4);
+    assert!(matches!(r, Err(GraphError::ViewOutOfRange { .. })), "{r:?}");
     // strides of 0 (broadcast rows) are fine
     assert_eq!(ctx.view_2d(a, 4, 4, 0, 0).map(|v| ctx[v].nbytes()), Ok(16));
     // extents of 0: empty, whatever the stride
@@ -539,7 +545,8 @@ fn constructors_at_their_bounds() {
     // the largest f32 row whose byte size fits
     let max = (usize::MAX / 4) as i64;
     assert!(ctx.new_tensor_1d(ElementType::F32, max).is_ok());
-    assert!(ctx.new_tensor_1d(ElementType::F32, max + 1).is_err());
+    let r = ctx.new_tensor_1d(ElementType::F32, max + 1);
+    assert!(matches!(r, Err(GraphError::InvalidShape { .. })), "{r:?}");
 
     // view offsets: up to the exact end of the root, with checked sums through a view chain
     let a = ctx.new_tensor_1d(ElementType::F32, 16).unwrap(); // 64 bytes
@@ -562,30 +569,62 @@ fn constructors_at_their_bounds() {
     }
     let v = ctx.view_1d(a, 8, 32).unwrap();
     assert!(ctx.view_1d(v, 8, 0).is_ok());
-    assert!(ctx.view_1d(v, 8, 4).is_err());
-    assert!(ctx.view_1d(v, 1, usize::MAX - 31).is_err());
+    for r in [ctx.view_1d(v, 8, 4), ctx.view_1d(v, 1, usize::MAX - 31)] {
+        assert!(matches!(r, Err(GraphError::ViewOutOfRange { .. })), "{r:?}");
+    }
     // strides: a 4-d view at its exact extent, and one stride past it
     let b = ctx.new_tensor_1d(ElementType::F32, 16).unwrap();
     assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, 32, 0).is_ok());
-    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, 33, 0).is_err());
-    assert!(ctx.view_4d(b, 2, 2, 2, 2, 8, 16, usize::MAX, 0).is_err());
-    assert!(
-        ctx.view(b, &[2, 2], Some([4, usize::MAX, 0, 0]), 0)
-            .is_err()
-    );
+    for r in [
+        ctx.view_4d(b, 2, 2, 2, 2, 8, 16, 33, 0),
+        ctx.view_4d(b, 2, 2, 2, 2, 8, 16, usize::MAX, 0),
+        ctx.view(b, &[2, 2], Some([4, usize::MAX, 0, 0]), 0),
+    ] {
+        assert!(matches!(r, Err(GraphError::ViewOutOfRange { .. })), "{r:?}");
+    }
     // explicit strides through the graph-file form
     assert!(ctx.view(b, &[2, 2], Some([4, 8, 16, 16]), 0).is_ok());
     // reshape: element counts must match exactly
     assert!(ctx.reshape(b, &[4, 4]).is_ok());
-    assert!(ctx.reshape(b, &[4, 5]).is_err());
-    assert!(ctx.reshape(b, &[i64::MAX, i64::MAX]).is_err());
+    for r in [
+        ctx.reshape(b, &[4, 5]),
+        ctx.reshape(b, &[i64::MAX, i64::MAX]),
+    ] {
+        assert!(
+            matches!(
+                r,
+                Err(GraphError::ShapeMismatch {
+                    op: Op::Reshape,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
     // graph ranges and source slots
     let s = ctx.sqr(b).unwrap();
     let mut g = graph::Graph::new(4);
     g.build_forward_expand(&mut ctx, s).unwrap();
     assert!(g.view(0..1).is_ok());
     assert!(g.view(1..1).is_ok());
-    assert!(g.view(0..2).is_err());
-    assert!(g.view(usize::MAX..usize::MAX).is_err());
-    assert!(ctx.set_src(s, graph::MAX_SRC, None).is_err());
+    for r in [
+        g.view(0..2).map(|_| ()),
+        g.view(usize::MAX..usize::MAX).map(|_| ()),
+    ] {
+        assert!(
+            matches!(r, Err(GraphError::IndexOutOfRange { .. })),
+            "{r:?}"
+        );
+    }
+    let r = ctx.set_src(s, graph::MAX_SRC, None);
+    assert!(
+        matches!(
+            r,
+            Err(GraphError::IndexOutOfRange {
+                what: "source slot",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }

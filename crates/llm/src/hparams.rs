@@ -291,6 +291,10 @@ mod tests {
         ));
         let mut m = smollm();
         m.0.insert("llama.attention.head_count", "0");
-        assert!(Hparams::from_metadata(&m).is_err());
+        let r = Hparams::from_metadata(&m);
+        assert!(
+            matches!(&r, Err(LlmError::BadMetadata { key, .. }) if key == "llama.attention.head_count"),
+            "{r:?}"
+        );
     }
 }

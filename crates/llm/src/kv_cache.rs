@@ -42,7 +42,7 @@ pub(crate) fn check_pad(pad: usize) -> Result<()> {
 ///
 /// ```
 /// use graph::Context;
-/// use llm::{Hparams, KvCache};
+/// use llm::{Hparams, KvCache, LlmError};
 /// backend_cpu::register();
 /// let hp = Hparams::smollm2_135m();
 /// let mut ctx = Context::new();
@@ -50,9 +50,11 @@ pub(crate) fn check_pad(pad: usize) -> Result<()> {
 /// let cache = KvCache::new(&mut ctx, &hp, 512, &vec![cpu; hp.n_layer])?;
 /// assert_eq!(ctx[cache.k(0)?].ne(), [192, 512, 1, 1]); // keys: one cell per column
 /// assert_eq!(ctx[cache.v(0)?].ne(), [512, 192, 1, 1]); // values: transposed
-/// assert!(cache.k(hp.n_layer).is_err()); // no such block
+/// let r = cache.k(hp.n_layer); // no such block
+/// assert!(matches!(r, Err(LlmError::InvalidOption(_))), "{r:?}");
 /// assert_eq!(cache.n_kv(31), 64); // a 31-token prompt attends over 64 (padded) cells
-/// assert!(cache.check_room(513).is_err());
+/// let r = cache.check_room(513);
+/// assert!(matches!(r, Err(LlmError::ContextFull { requested: 513, n_ctx: 512, .. })), "{r:?}");
 /// # Ok::<(), llm::LlmError>(())
 /// ```
 #[derive(Debug)]
@@ -219,7 +221,7 @@ impl KvCache {
     ///
     /// ```
     /// # use graph::Context;
-    /// # use llm::{Hparams, KvCache};
+    /// # use llm::{Hparams, KvCache, LlmError};
     /// # backend_cpu::register();
     /// # let hp = Hparams::smollm2_135m();
     /// # let mut ctx = Context::new();
@@ -227,7 +229,8 @@ impl KvCache {
     /// let mut cache = KvCache::new(&mut ctx, &hp, 512, &vec![cpu; hp.n_layer])?;
     /// cache.set_pad(256)?;
     /// assert_eq!(cache.n_kv(31), 256);
-    /// assert!(cache.set_pad(32).is_err());
+    /// let r = cache.set_pad(32); // not a multiple of 64
+    /// assert!(matches!(r, Err(LlmError::InvalidOption(_))), "{r:?}");
     /// # Ok::<(), llm::LlmError>(())
     /// ```
     pub fn set_pad(&mut self, pad: usize) -> Result<()> {

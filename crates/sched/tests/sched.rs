@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use graph::{Context, ElementType, Graph, TensorId};
-use sched::fixture::{BackendSpec, FixtureBackends, GraphFile, TensorSpec};
+use graph::{Context, ElementType, Graph, GraphError, Op, TensorId};
+use sched::fixture::{BackendSpec, FixtureBackends, FixtureError, GraphFile, TensorSpec};
 use sched::{Plan, SchedError, Scheduler};
 use test_fixtures::llama_file::LlamaConfig;
 
@@ -62,14 +62,43 @@ fn generator_takes_any_field_values() {
     assert_eq!(c.layer_buffers, ["CPU", "CPU", "GPU0"]);
     let mut c = LlamaConfig::tiny(1);
     c.n_head = 0;
-    assert!(c.graph_file("x").build().is_err());
-    // Shapes whose products leave the integer range are refused when built, not wrapped.
-    for (n_embd, n_ctx, kv_head) in [(i64::MAX, 16, 8), (64, i64::MAX / 2, 8), (64, 16, -1)] {
+    // heads of width 0: the reshape of Q to [0, 0, n_tokens] loses its elements
+    let r = c.graph_file("x").build().map(|_| ());
+    assert!(
+        matches!(
+            r,
+            Err(FixtureError::Graph(GraphError::ShapeMismatch {
+                op: Op::Reshape,
+                ..
+            }))
+        ),
+        "{r:?}"
+    );
+    // Shapes whose products leave the integer range are refused when built, not wrapped: a
+    // leaf whose byte size overflows (the embeddings), caches each of which fits but not
+    // together in their buffer, and a cache view at an offset past usize.
+    type Expect = fn(&FixtureError) -> bool;
+    let cases: [(i64, i64, i64, Expect); 3] = [
+        (i64::MAX, 16, 8, |e| {
+            matches!(e, FixtureError::Graph(GraphError::InvalidShape { .. }))
+        }),
+        (
+            64,
+            i64::MAX / 2,
+            8,
+            |e| matches!(e, FixtureError::Invalid(m) if m.contains("overflow usize")),
+        ),
+        (64, 16, -1, |e| {
+            matches!(e, FixtureError::Graph(GraphError::ViewOutOfRange { .. }))
+        }),
+    ];
+    for (n_embd, n_ctx, kv_head, expect) in cases {
         let mut c = LlamaConfig::tiny(1);
         (c.n_embd, c.n_ctx, c.kv_head) = (n_embd, n_ctx, kv_head);
+        let r = c.graph_file("x").build().map(|_| ());
         assert!(
-            c.graph_file("x").build().is_err(),
-            "n_embd {n_embd}, n_ctx {n_ctx}, kv_head {kv_head}"
+            r.as_ref().is_err_and(expect),
+            "n_embd {n_embd}, n_ctx {n_ctx}, kv_head {kv_head}: {r:?}"
         );
     }
 }
@@ -233,7 +262,11 @@ fn user_assignment_survives_until_reset() {
     assert_eq!(s.tensor_cause(t), sched::Cause::User);
     s.reset();
     assert_eq!(s.tensor_backend(t), None);
-    assert!(s.set_tensor_backend(&b.ctx, t, 7).is_err());
+    let r = s.set_tensor_backend(&b.ctx, t, 7);
+    assert!(
+        matches!(r, Err(SchedError::BackendIndex { index: 7, .. })),
+        "{r:?}"
+    );
 }
 
 #[test]

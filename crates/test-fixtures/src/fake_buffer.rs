@@ -49,12 +49,17 @@ impl FakeMemoryStats {
 /// A buffer type whose buffers hold no memory (see the module docs).
 ///
 /// ```
+/// use backend_core::BackendError;
 /// use test_fixtures::FakeBufferType;
 /// let fake = FakeBufferType::new("fake", 64).with_limit(1000);
 /// let stats = fake.stats();
 /// let buft = fake.into_buffer_type();
 /// let b = buft.alloc_buffer(1000)?;
-/// assert!(buft.alloc_buffer(1001).is_err());
+/// let refused = buft.alloc_buffer(1001);
+/// assert!(
+///     matches!(refused, Err(BackendError::AllocationFailed { size: 1001, .. })),
+///     "{refused:?}"
+/// );
 /// assert_eq!((stats.live_bytes(), stats.refusals()), (1000, 1));
 /// drop(b);
 /// assert_eq!(stats.live_buffers(), 0);

@@ -82,7 +82,17 @@ fn vocabulary_facts() {
     assert_eq!(tok.token_type(17).unwrap(), TokenType::Normal);
     assert_eq!(tok.token_text(216).unwrap(), "Ġ");
     assert_eq!(tok.token_id("ĊĊ"), Some(1116));
-    assert!(tok.piece(49152, true).is_err());
+    let r = tok.piece(49152, true);
+    assert!(
+        matches!(
+            r,
+            Err(tokenizer::TokenizerError::BadToken {
+                id: 49152,
+                n_vocab: 49152
+            })
+        ),
+        "{r:?}"
+    );
     assert!(matches!(
         tok.detokenize(&[1, u32::MAX], true),
         Err(tokenizer::TokenizerError::BadToken { id: u32::MAX, .. })
