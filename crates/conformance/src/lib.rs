@@ -41,9 +41,9 @@ pub use ops::{
 };
 pub use report::{Check, Outcome, Report};
 
-/// The code blocks of the workspace's `README.md` and `docs/*.md`, compiled and run as this
-/// crate's doctests so that the guides cannot drift from the API. This crate hosts them
-/// because its (dev-)dependencies cover every crate the snippets use. Blocks that are not Rust
+/// The code blocks of the workspace's `README.md` and `docs/*.md`, and the scheduler's
+/// `two_backends` example, compiled and run as this crate's doctests so that the guides cannot
+/// drift from the API. This crate hosts them because its (dev-)dependencies cover every crate the snippets use. Blocks that are not Rust
 /// carry another language (`text`, `sh`, `toml`) and are not compiled.
 #[cfg(doctest)]
 mod workspace_docs {
@@ -55,4 +55,8 @@ mod workspace_docs {
     struct WritingABackend;
     #[doc = include_str!("../../../docs/benchmarks.md")]
     struct Benchmarks;
+    /// The engine example of `docs/writing-a-backend.md`, run as a doctest: `cargo xtask ci`
+    /// builds examples but does not run them, and this one checks its own result.
+    #[doc = concat!("```rust\n", include_str!("../../sched/examples/two_backends.rs"), "```")]
+    struct TwoBackendsExample;
 }

@@ -388,6 +388,9 @@ impl Llama {
         self.sched.reset();
         self.sched.alloc_graph(&mut self.ctx, &self.graph)?;
         let t2 = Instant::now();
+        // Byte I/O into buffers kept across steps, not `tensor_set_slice` / `tensor_get_vec`:
+        // those allocate their staging (and result) vector on every call, and a decode step
+        // allocates nothing once warm (`tests/no_alloc.rs`).
         self.ids.clear();
         self.ids
             .extend(tokens.iter().flat_map(|&x| (x as i32).to_le_bytes()));

@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use backend_core::{Backend, Buffer, tensor_get, tensor_set};
+use backend_core::{Backend, Buffer, tensor_get_vec, tensor_set_slice};
 use graph::{Checkpoint, Context, Op, TensorId};
 use sched::Scheduler;
 
@@ -304,32 +304,18 @@ impl Embedder {
         let t1 = Instant::now();
         let inp = GraphInputs::new(batch);
         let ctx = &self.ctx;
-        tensor_set(ctx, g.ids, 0, &le_bytes(&inp.ids, i32::to_le_bytes))?;
-        tensor_set(
-            ctx,
-            g.type_ids,
-            0,
-            &le_bytes(&inp.type_ids, i32::to_le_bytes),
-        )?;
-        tensor_set(
-            ctx,
-            g.positions,
-            0,
-            &le_bytes(&inp.positions, i32::to_le_bytes),
-        )?;
-        tensor_set(ctx, g.mask, 0, &le_bytes(&inp.mask, f32::to_le_bytes))?;
-        tensor_set(ctx, g.pool, 0, &le_bytes(&inp.pool, f32::to_le_bytes))?;
+        // Typed writes: each checks the tensor's element type and length first.
+        tensor_set_slice(ctx, g.ids, &inp.ids)?;
+        tensor_set_slice(ctx, g.type_ids, &inp.type_ids)?;
+        tensor_set_slice(ctx, g.positions, &inp.positions)?;
+        tensor_set_slice(ctx, g.mask, &inp.mask)?;
+        tensor_set_slice(ctx, g.pool, &inp.pool)?;
         self.sched
             .graph_compute(&mut self.ctx, &g.graph)
             .map_err(|e| MinilmError::Backend(e.to_string()))?;
         let t2 = Instant::now();
         let h = self.cfg.hidden_size;
-        let mut bytes = vec![0u8; h * batch.n_batch() * 4];
-        tensor_get(&self.ctx, g.output, 0, &mut bytes)?;
-        let mut v: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let mut v = tensor_get_vec::<f32>(&self.ctx, g.output)?;
         l2_normalize(&mut v, h);
         tracing::debug!(
             nodes = g.graph.n_nodes(),
@@ -388,10 +374,6 @@ fn share(n: usize, k: usize, i: usize) -> std::ops::Range<usize> {
     let (base, extra) = (n / k, n % k);
     let start = i * base + i.min(extra);
     start..start + base + usize::from(i < extra)
-}
-
-fn le_bytes<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
-    v.iter().flat_map(|&x| f(x)).collect()
 }
 
 #[cfg(test)]

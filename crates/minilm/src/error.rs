@@ -82,5 +82,11 @@ impl From<backend_core::BackendError> for MinilmError {
     }
 }
 
+impl From<backend_core::TensorIoError> for MinilmError {
+    fn from(e: backend_core::TensorIoError) -> Self {
+        MinilmError::Backend(e.to_string())
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = MinilmError> = std::result::Result<T, E>;
