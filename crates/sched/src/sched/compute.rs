@@ -88,7 +88,10 @@ impl Scheduler {
     /// (`ggml_backend_sched_graph_compute_async`): allocates first when nothing is allocated
     /// (never allocated, or [`Scheduler::reset`] since). A graph other than the one
     /// [`Scheduler::alloc_graph`] planned, or one changed since (ggml would run the old
-    /// plan's node ranges over it), is [`SchedError::GraphNotAllocated`].
+    /// plan's node ranges over it), is [`SchedError::GraphNotAllocated`]. Computing the
+    /// allocated graph again neither splits nor allocates: with pipeline copies each compute
+    /// fills and reads the input copies of [`Scheduler::cur_copy`] and then moves on to the
+    /// next copy, as ggml does.
     pub fn graph_compute_async(
         &mut self,
         ctx: &mut Context,
