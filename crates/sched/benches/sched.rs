@@ -7,6 +7,14 @@
 //! ggml's reference on this graph: reset + alloc_graph ≈ 80 µs, split ≈ 53 µs, reserve ≈
 //! 120 µs. Run with `cargo bench -p sched --bench sched`.
 //!
+//! Pipeline parallelism (`llama32/gpu16+cpu/pipeline`): one `alloc_graph`, then
+//! `graph_compute` step after step with 1, 2 and 4 pipeline copies, timing the scheduler's
+//! work per step (the fixture backends compute nothing: what is left is the input copies, the
+//! events and the splits' dispatch, plus any re-planning). Every 64 steps the plan is made
+//! again, and computed once, outside the timing, so that a version that re-plans per step does not grow the context
+//! without bound. `SCHED_PIPE=<steps>` prints mean / median / p10 per step instead, for
+//! interleaved rounds of two builds.
+//!
 //! ggml measured in the same run on the same graph: `crates/sched/benches/ggml-sched-bench.sh`
 //! (ggml 0.25.3's scheduler, graph written by `cargo run --release -p sched --example
 //! llama-graph`); `SCHED_PERCALL=2000` prints our per-call mean / median / p10 in its format,
@@ -76,6 +84,36 @@ impl Setup {
         }
     }
 
+    /// Like [`Setup::new`], with `n_copies` pipeline copies.
+    fn with_copies(n_layer: usize, n_gpu: Option<usize>, n_copies: usize) -> Setup {
+        let mut s = Setup::new(n_layer, n_gpu);
+        s.sched = Scheduler::with_copies(
+            s.built.backends.backends().to_vec(),
+            None,
+            s.built.graph_size,
+            n_copies,
+        )
+        .expect("scheduler");
+        s.replan();
+        s
+    }
+
+    /// Drop the last plan's copies and views, then plan and allocate the graph again, and
+    /// compute it once (the fixture's memory is materialised on first use, and a new
+    /// allocation may place compute buffers anew).
+    fn replan(&mut self) {
+        self.fresh();
+        self.alloc();
+        self.step();
+    }
+
+    /// One pipeline step: compute the allocated graph.
+    fn step(&mut self) {
+        self.sched
+            .graph_compute(&mut self.built.ctx, &self.built.graph)
+            .expect("compute");
+    }
+
     fn alloc(&mut self) {
         self.sched.reset();
         self.sched
@@ -139,6 +177,78 @@ fn bench_case(c: &mut Criterion, name: &str, n_layer: usize, n_gpu: Option<usize
         });
     }
     g.finish();
+}
+
+/// Steps between two untimed re-plans in the pipeline cases.
+const REPLAN_EVERY: u64 = 64;
+
+/// `graph_compute` per step of one allocation with `n_copies` pipeline copies.
+fn bench_pipeline(c: &mut Criterion, name: &str, n_layer: usize, n_gpu: Option<usize>) {
+    let mut g = c.benchmark_group(name);
+    for n_copies in [1, 2, 4] {
+        let mut s = Setup::with_copies(n_layer, n_gpu, n_copies);
+        let a = allocations();
+        for _ in 0..REPLAN_EVERY - 1 {
+            s.step();
+        }
+        let per_step = (allocations() - a) as f64 / (REPLAN_EVERY - 1) as f64;
+        println!("{name}, {n_copies} copies: heap allocations per step {per_step}");
+        s.replan();
+        let mut n = 0u64;
+        g.bench_function(format!("compute/{n_copies}copies"), |b| {
+            b.iter_custom(|iters| {
+                let mut t = Duration::ZERO;
+                for _ in 0..iters {
+                    n += 1;
+                    if n.is_multiple_of(REPLAN_EVERY) {
+                        s.replan();
+                    }
+                    let start = Instant::now();
+                    s.step();
+                    t += start.elapsed();
+                }
+                t
+            })
+        });
+    }
+    g.finish();
+}
+
+/// `SCHED_PIPE=<steps>[:<layers>[:<gpu layers>]]` times `steps` pipeline steps (see
+/// [`bench_pipeline`]) with 1, 2 and 4 copies outside criterion and prints mean, median and
+/// 10th percentile ns per step.
+fn pipe_mode() -> bool {
+    let Ok(spec) = std::env::var("SCHED_PIPE") else {
+        return false;
+    };
+    let mut it = spec.split(':');
+    let steps: usize = it
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+        .max(1);
+    let n_layer = it.next().and_then(|v| v.parse().ok()).unwrap_or(32);
+    let n_gpu = it.next().and_then(|v| v.parse().ok()).or(Some(16));
+    let mut ns = vec![0f64; steps];
+    for n_copies in [1, 2, 4] {
+        let mut s = Setup::with_copies(n_layer, n_gpu, n_copies);
+        for (k, v) in ns.iter_mut().enumerate() {
+            if (k as u64 + 1).is_multiple_of(REPLAN_EVERY) {
+                s.replan();
+            }
+            let start = Instant::now();
+            s.step();
+            *v = start.elapsed().as_nanos() as f64;
+        }
+        let mean = ns.iter().sum::<f64>() / steps as f64;
+        ns.sort_by(f64::total_cmp);
+        println!(
+            "pipeline step, {n_copies} copies: mean {mean:8.0} ns  median {:8.0} ns  p10 {:8.0} ns  ({steps} steps)",
+            ns[steps / 2],
+            ns[steps / 10]
+        );
+    }
+    true
 }
 
 /// One call of `f`, kept out of line so that `valgrind --tool=callgrind --collect-atstart=no
@@ -214,11 +324,12 @@ fn percall_mode() -> bool {
 }
 
 fn benches(c: &mut Criterion) {
-    if instr_mode() || percall_mode() {
+    if instr_mode() || percall_mode() || pipe_mode() {
         return;
     }
     bench_case(c, "llama32/cpu", 32, None);
     bench_case(c, "llama32/gpu16+cpu", 32, Some(16));
+    bench_pipeline(c, "llama32/gpu16+cpu/pipeline", 32, Some(16));
     bench_case(c, "llama32/gpu33+cpu", 32, Some(33));
     bench_case(c, "llama320/cpu", 320, None);
     bench_case(c, "llama320/gpu160+cpu", 320, Some(160));

@@ -237,7 +237,6 @@ impl Scheduler {
         r?;
         self.state.is_alloc = true;
         self.state.planned = Some(graph.stamp());
-        self.pipeline.split_copy = self.pipeline.cur_copy;
         Ok(())
     }
 }

@@ -15,9 +15,6 @@ use crate::trace::{SpanKind, TraceSink, TraceSpan};
 pub(super) struct Pipeline {
     pub(super) n_copies: usize,
     pub(super) cur_copy: usize,
-    /// The pipeline copy the current split's sources were rewritten to (`cur_copy` at the
-    /// last split); a compute with another `cur_copy` must split again.
-    pub(super) split_copy: usize,
     /// `[backend * n_copies + copy]`
     pub(super) events: Vec<Option<Event>>,
 }
@@ -37,7 +34,6 @@ impl Pipeline {
         Pipeline {
             n_copies,
             cur_copy: 0,
-            split_copy: 0,
             events,
         }
     }
@@ -92,7 +88,10 @@ impl Scheduler {
     /// (`ggml_backend_sched_graph_compute_async`): allocates first when nothing is allocated
     /// (never allocated, or [`Scheduler::reset`] since). A graph other than the one
     /// [`Scheduler::alloc_graph`] planned, or one changed since (ggml would run the old
-    /// plan's node ranges over it), is [`SchedError::GraphNotAllocated`].
+    /// plan's node ranges over it), is [`SchedError::GraphNotAllocated`]. Computing the
+    /// allocated graph again neither splits nor allocates: with pipeline copies each compute
+    /// fills and reads the input copies of [`Scheduler::cur_copy`] and then moves on to the
+    /// next copy, as ggml does.
     pub fn graph_compute_async(
         &mut self,
         ctx: &mut Context,
@@ -108,15 +107,13 @@ impl Scheduler {
             // decides: `alloc_graph` (or `reset`) first.
             return Err(SchedError::GraphNotAllocated);
         }
-        // With pipeline copies, the split's sources point at the copies of the pipeline copy
-        // current when it was made, while compute fills those of `cur_copy`, which advances
-        // after every compute: computing an allocated graph again must split it again (the
-        // seed has the same hazard; newer ggml picks the copy at split time instead).
-        if !self.state.is_alloc
-            || (self.pipeline.n_copies > 1 && self.pipeline.split_copy != self.pipeline.cur_copy)
-        {
+        if !self.state.is_alloc {
             self.alloc_graph(ctx, graph)?;
         }
+        // The plan and its allocation are reused as they are: every pipeline copy of every
+        // input has its own allocated tensor, and the rewritten sources are pointed at those
+        // of `cur_copy`, which compute fills (ggml's seed fills them but leaves the sources
+        // on the copy current at split time).
         self.apply_rewrites(ctx);
         let r = self.compute_splits(ctx, graph);
         self.restore_rewrites(ctx);

@@ -17,6 +17,10 @@ pub(super) struct Rewrite {
     pub(super) node: TensorId,
     pub(super) slot: u8,
     pub(super) original: TensorId,
+    /// The backend the copy lives on (the split's), where the other pipeline copies of
+    /// `original` are found.
+    pub(super) backend: BackendId,
+    /// The copy of pipeline copy [`Rewrites::made_for`].
     pub(super) copy: TensorId,
 }
 
@@ -43,10 +47,19 @@ impl Default for Copies {
 }
 
 /// The rewrites of the caller's graph the last plan made, and whether they are applied now.
+///
+/// A plan records each rewrite with the copy of the pipeline copy current when it was made;
+/// a later compute of the same plan applies them with its own pipeline copy's copies (every
+/// pipeline copy of an input has its own allocated tensor), so that alternating copies needs
+/// no new plan.
 #[derive(Debug, Default)]
 pub(super) struct Rewrites {
     pub(super) list: Vec<Rewrite>,
     pub(super) applied: bool,
+    /// The pipeline copy whose copies the recorded `copy` fields are.
+    pub(super) made_for: usize,
+    /// The pipeline copy the applied sources point at (meaningful while `applied`).
+    pub(super) applied_copy: usize,
 }
 
 impl Scheduler {
@@ -104,25 +117,47 @@ impl Scheduler {
 
     // ---- rewrites of the caller's graph ----
 
+    /// The copy rewrite `r` points its slot at for pipeline copy `c`.
+    fn rewrite_target(&self, r: &Rewrite, c: usize) -> TensorId {
+        if c == self.rewrites.made_for {
+            return r.copy;
+        }
+        // invariant: a rewrite is recorded only after copies of its source for every pipeline
+        // copy were made, and the rewrites and the copy table are replaced together (by the
+        // next plan); `reset` clears the table but also the allocation, so nothing applies
+        // these rewrites again before a new plan replaces them
+        self.get_copy(r.original, r.backend.index(), c)
+            .expect("a rewritten source has copies for every pipeline copy")
+    }
+
+    /// Point the rewritten source slots at the input copies of the current pipeline copy.
     pub(super) fn apply_rewrites(&mut self, ctx: &mut Context) {
+        let c = self.pipeline.cur_copy;
         if self.rewrites.applied {
-            return;
+            if self.rewrites.applied_copy == c {
+                return;
+            }
+            self.restore_rewrites(ctx);
         }
         for r in &self.rewrites.list {
-            let _ = ctx.set_src(r.node, r.slot as usize, Some(r.copy));
+            let copy = self.rewrite_target(r, c);
+            let _ = ctx.set_src(r.node, r.slot as usize, Some(copy));
         }
         self.rewrites.applied = true;
+        self.rewrites.applied_copy = c;
     }
 
     pub(super) fn restore_rewrites(&mut self, ctx: &mut Context) {
         if !self.rewrites.applied {
             return;
         }
+        let c = self.rewrites.applied_copy;
         for r in self.rewrites.list.iter().rev() {
+            let copy = self.rewrite_target(r, c);
             // A node the caller has rewound away is skipped (set_src checks liveness).
             if ctx
                 .get(r.node)
-                .is_ok_and(|t| t.src(r.slot as usize) == Some(r.copy))
+                .is_ok_and(|t| t.src(r.slot as usize) == Some(copy))
             {
                 let _ = ctx.set_src(r.node, r.slot as usize, Some(r.original));
             }
@@ -231,10 +266,12 @@ impl Scheduler {
                     .expect("copies for every pipeline copy were just made");
                 ctx.set_src(node, j, Some(copy))?;
                 self.rewrites.applied = true;
+                self.rewrites.applied_copy = self.pipeline.cur_copy;
                 self.rewrites.list.push(Rewrite {
                     node,
                     slot: j as u8,
                     original: src,
+                    backend: cur,
                     copy,
                 });
             }

@@ -44,6 +44,7 @@ impl Scheduler {
     pub(super) fn plan_graph(&mut self, ctx: &mut Context, graph: &Graph) -> Result<()> {
         self.restore_rewrites(ctx);
         self.rewrites.list.clear();
+        self.rewrites.made_for = self.pipeline.cur_copy;
         // copies made by an earlier split may have been rewound away with the caller's
         // context; every split makes its own (the seed relies on a reset in between)
         self.copies.epoch = self.copies.epoch.wrapping_add(1).max(1);
