@@ -164,7 +164,7 @@ fn scheduler_split_between_local_cpu_and_remote_equals_cpu_alone() {
         tensor_get(&r.ctx, r.out, 0, &mut want).unwrap();
 
         s.alloc_graph(&mut m.ctx, &m.graph).unwrap();
-        let on: Vec<usize> = s.splits().iter().map(|x| x.backend()).collect();
+        let on: Vec<usize> = s.splits().iter().map(|x| x.backend_index()).collect();
         assert!(on.contains(&0) && on.contains(&1), "splits on {on:?}");
         tensor_set(&m.ctx, m.x, 0, &input).unwrap();
         s.graph_compute(&mut m.ctx, &m.graph).unwrap();

@@ -52,9 +52,10 @@ pub mod trace;
 pub use error::SchedError;
 pub use op_timer::OpTimer;
 pub use plan::{Plan, PlanSplit, PlanTensor};
-pub use print::fmt_size;
+pub use print::{Layout, fmt_size};
 pub use sched::{
-    Cause, DEFAULT_PARALLEL_COPIES, EvalCallback, MAX_BACKENDS, MAX_SPLIT_INPUTS, Scheduler, Split,
+    Cause, DEFAULT_PARALLEL_COPIES, EvalCallback, MAX_BACKENDS, MAX_SPLIT_INPUTS, Scheduler,
+    SchedulerBuilder, Split,
 };
 
 /// Slots of ggml's hash set for at least `min` keys (`ggml_hash_size`): the smallest of

@@ -49,7 +49,7 @@ impl Setup {
 
 /// Both backends really got work: at least one split on each.
 fn assert_split_between_both(s: &Scheduler) {
-    let on: Vec<usize> = s.splits().iter().map(|sp| sp.backend()).collect();
+    let on: Vec<usize> = s.splits().iter().map(|sp| sp.backend_index()).collect();
     assert!(on.contains(&0) && on.contains(&1), "splits on {on:?}");
 }
 

@@ -207,7 +207,7 @@ fn a_backend_failing_mid_graph_is_typed_and_the_scheduler_recovers() {
     let mut s = device_and(&dev, flaky);
     let mut reference = Reference::new(&cfg, SEED, &[]);
     assert!(compute(&mut s, &mut m, 0) == reference.step(0));
-    let on: Vec<usize> = s.splits().iter().map(|x| x.backend()).collect();
+    let on: Vec<usize> = s.splits().iter().map(|x| x.backend_index()).collect();
     assert_eq!(on, [1, 0, 1], "CPU, device, CPU");
     s.reset();
     // the CPU's second split of the next step (the output, after the device's split) fails

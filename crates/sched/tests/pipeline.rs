@@ -77,7 +77,7 @@ fn overlapping_computes_match_cpu_alone(n_copies: usize) {
     }
 
     sched.alloc_graph(&mut m.ctx, &m.graph).unwrap();
-    let on: Vec<usize> = sched.splits().iter().map(|s| s.backend()).collect();
+    let on: Vec<usize> = sched.splits().iter().map(|s| s.backend_index()).collect();
     assert!(on.contains(&0) && on.contains(&1), "splits on {on:?}");
     let n = steps();
     let mut checked = 0;

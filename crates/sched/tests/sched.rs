@@ -157,7 +157,7 @@ fn compute_runs_every_split_on_its_backend_and_advances_the_copy() {
     let before = srcs_of(&b.ctx, &b.graph);
     let mut want = [0usize; 2];
     for sp in s.splits() {
-        want[sp.backend()] += sp.end() - sp.start();
+        want[sp.backend_index()] += sp.end() - sp.start();
     }
     assert!(want[0] > 0 && want[1] > 0);
     for (k, copy) in [1, 2, 0, 1].into_iter().enumerate() {
@@ -180,8 +180,8 @@ fn pipeline_copies_are_chosen_at_run_time() {
     // every split input has one copy per pipeline copy, all allocated and distinct
     for sp in s.splits() {
         for &inp in sp.inputs() {
-            let c0 = s.tensor_copy(inp, sp.backend(), 0).unwrap();
-            let c1 = s.tensor_copy(inp, sp.backend(), 1).unwrap();
+            let c0 = s.tensor_copy(inp, sp.backend_index(), 0).unwrap();
+            let c1 = s.tensor_copy(inp, sp.backend_index(), 1).unwrap();
             assert_ne!(c0, c1);
             let (a, bb) = (b.ctx[c0].storage().unwrap(), b.ctx[c1].storage().unwrap());
             assert!(a.offset != bb.offset || !a.same_buffer(bb));

@@ -56,7 +56,7 @@ fn split_graph_with_pipeline_copies_and_latency_matches_cpu_alone_every_step() {
         let got = m.logits();
         let want = reference.step(step);
         assert!(got == want, "step {step}: logits differ from the CPU alone");
-        let on: Vec<usize> = sched.splits().iter().map(|s| s.backend()).collect();
+        let on: Vec<usize> = sched.splits().iter().map(|s| s.backend_index()).collect();
         assert!(on.contains(&0) && on.contains(&1));
     }
     assert!(m.caches() == reference.model.caches(), "KV caches differ");

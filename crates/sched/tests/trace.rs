@@ -101,7 +101,7 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
                 .iter()
                 .map(|&t| model.ctx[t].name().to_owned())
                 .collect();
-            (s.backend(), s.start(), s.end(), inputs)
+            (s.backend_index(), s.start(), s.end(), inputs)
         })
         .collect();
     assert!(splits.iter().any(|s| s.0 == 0) && splits.iter().any(|s| s.0 == 1));
