@@ -149,13 +149,10 @@ fn scheduler_split_between_local_cpu_and_remote_equals_cpu_alone() {
     ga.alloc_graph(&mut r.ctx, &r.graph).unwrap();
     // the split: w2 on the server
     let mut m = mlp(&cpu, &dev.buffer_type());
-    let mut s = sched::Scheduler::new(
-        vec![dev.init_backend("").unwrap(), cpu.clone()],
-        None,
-        64,
-        false,
-    )
-    .unwrap();
+    let mut s = sched::Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu.clone()])
+        .graph_size(64)
+        .build()
+        .unwrap();
     for step in 0..4u64 {
         let input = values(64 * 12, step);
         tensor_set(&r.ctx, r.x, 0, &input).unwrap();

@@ -194,7 +194,9 @@ pub type EvalCallback = Box<dyn FnMut(&Context, TensorId, bool) -> bool + Send>;
 
 /// The multi-backend scheduler (`ggml_backend_sched`).
 ///
-/// Backends are given in priority order; the last one must run on a CPU device. For each
+/// Made by [`Scheduler::builder`] (named settings) or [`Scheduler::new`] (the seed's
+/// positional ones). Backends are given in priority order; the last one must run on a CPU
+/// device. For each
 /// graph the scheduler assigns every node a backend, cuts the graph into splits that run on
 /// one backend each, adds copies of the tensors a split reads from incompatible memory,
 /// allocates compute memory through the graph allocator (one buffer per distinct buffer
@@ -206,7 +208,9 @@ pub type EvalCallback = Box<dyn FnMut(&Context, TensorId, bool) -> bool + Send>;
 ///
 /// // one planning-only CPU backend
 /// let backends = FixtureBackends::new(&[BackendSpec::cpu("CPU")])?;
-/// let mut sched = Scheduler::new(backends.backends().to_vec(), None, 64, false)?;
+/// let mut sched = Scheduler::builder(backends.backends().to_vec())
+///     .graph_size(64)
+///     .build()?;
 ///
 /// let mut ctx = Context::new();
 /// let x = ctx.new_tensor_1d(ElementType::F32, 16)?;
@@ -665,7 +669,7 @@ impl Scheduler {
     ///
     /// ```
     /// let cpu = backend_cpu::cpu_device().init_backend("")?;
-    /// let sched = sched::Scheduler::new(vec![cpu], None, 64, false)?;
+    /// let sched = sched::Scheduler::builder(vec![cpu]).build()?;
     /// assert_eq!(sched.backend_names(), ["CPU"]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -49,15 +49,20 @@ fn sandwich_model(
 
 /// A scheduler over the device (backend 0) and `cpu` (backend 1), without pipeline copies.
 fn device_and(dev: &Device, cpu: Backend) -> Scheduler {
-    Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap()
+    Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .build()
+        .unwrap()
 }
 
 /// A scheduler over the device and `cpu` with two pipeline copies and the reference limits.
 fn device_and_with_limits(dev: &Device, cpu: Backend) -> Scheduler {
-    let mut s =
-        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
-    s.set_reference_limits(true);
-    s
+    Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .copies(2)
+        .reference_limits(true)
+        .build()
+        .unwrap()
 }
 
 fn compute(s: &mut Scheduler, m: &mut Model, step: u64) -> Vec<u8> {

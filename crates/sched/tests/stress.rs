@@ -34,8 +34,11 @@ fn split_graph_with_pipeline_copies_and_latency_matches_cpu_alone_every_step() {
     // embeddings and layers 0, 1 on the CPU; layers 2, 3 and the output on the device
     let place = common::offload(&cpu, &dev, 2);
     let mut m = Model::build(&cfg, &place, 7);
-    let mut sched =
-        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 4).unwrap();
+    let mut sched = Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .copies(4)
+        .build()
+        .unwrap();
     let mut reference = Reference::new(&cfg, 7, &[]);
 
     let start = Instant::now();
