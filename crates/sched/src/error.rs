@@ -12,7 +12,7 @@ use graph::{GraphError, TensorId};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SchedError {
-    /// `Scheduler::new` was given no backend.
+    /// The scheduler was given no backend.
     #[error("the scheduler needs at least one backend")]
     NoBackends,
     /// More backends than the scheduler supports.
@@ -108,7 +108,7 @@ pub enum SchedError {
     /// graph (or `reset`) first.
     #[error("the graph to compute is not the one allocated: call alloc_graph on it first")]
     GraphNotAllocated,
-    /// Strict weights only ([`Scheduler::set_strict_weights`](crate::Scheduler::set_strict_weights)):
+    /// Strict weights only (`Scheduler::set_strict_weights`, `SchedulerBuilder::strict_weights`):
     /// a graph leaf (op `NONE`, no input, no view) that the scheduler would treat as compute
     /// memory: it has no memory (the allocator would give it compute memory, read
     /// uninitialised) or lives in a compute buffer. Usually a weight that was not loaded into a

@@ -220,7 +220,8 @@ fn strict_weights_refuse_a_leaf_without_memory_and_allocate_nothing() {
     let n = m.ctx.len();
     let e = s.alloc_graph(&mut m.ctx, &m.graph).unwrap_err();
     assert!(
-        matches!(&e, SchedError::UnplacedWeights { tensor, name } if *tensor == m.w && name == "blk.0.w"),
+        matches!(&e, SchedError::UnplacedWeights { tensor, name }
+            if *tensor == m.w && name == "blk.0.w"),
         "{e}"
     );
     assert!(e.to_string().contains("blk.0.w"), "{e}");
