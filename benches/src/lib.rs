@@ -121,7 +121,9 @@ impl DecodeBench {
             tensor_set(&ctx, t, 0, &weight_bytes(&mut seed, ty, n))?;
         }
         let step = ctx.checkpoint();
-        let sched = Scheduler::new(vec![cpu.clone()], None, 4096, false)?;
+        let sched = Scheduler::builder(vec![cpu.clone()])
+            .graph_size(4096)
+            .build()?;
         let galloc = GraphAllocator::new(&[buft]);
         Ok(DecodeBench {
             ctx,

@@ -153,13 +153,10 @@ fn scheduler_split_between_local_cpu_and_remote_equals_cpu_alone() {
     ga.alloc_graph(&mut r.ctx, &r.graph).unwrap();
     // the split: w2 on the server
     let mut m = mlp(&cpu, &dev.buffer_type());
-    let mut s = sched::Scheduler::new(
-        vec![dev.init_backend("").unwrap(), cpu.clone()],
-        None,
-        64,
-        false,
-    )
-    .unwrap();
+    let mut s = sched::Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu.clone()])
+        .graph_size(64)
+        .build()
+        .unwrap();
     for step in 0..4u64 {
         let input = values(64 * 12, step);
         tensor_set(&r.ctx, r.x, 0, &input).unwrap();
@@ -168,7 +165,7 @@ fn scheduler_split_between_local_cpu_and_remote_equals_cpu_alone() {
         tensor_get(&r.ctx, r.out, 0, &mut want).unwrap();
 
         s.alloc_graph(&mut m.ctx, &m.graph).unwrap();
-        let on: Vec<usize> = s.splits().iter().map(|x| x.backend()).collect();
+        let on: Vec<usize> = s.splits().iter().map(|x| x.backend_index()).collect();
         assert!(on.contains(&0) && on.contains(&1), "splits on {on:?}");
         tensor_set(&m.ctx, m.x, 0, &input).unwrap();
         s.graph_compute(&mut m.ctx, &m.graph).unwrap();

@@ -254,7 +254,7 @@ impl Llama {
         cache.set_pad(opts.kv_pad)?;
         let after_model = ctx.checkpoint();
         let cap = graph_capacity(n_layer);
-        let sched = Scheduler::new(backends, None, 2 * cap, false)?;
+        let sched = Scheduler::builder(backends).graph_size(2 * cap).build()?;
         let mut m = Llama {
             n_ubatch: opts.n_ubatch.min(opts.n_ctx),
             hp,
@@ -474,10 +474,7 @@ impl Llama {
     /// The scheduler's plan of the next single-token step, in the `GGML_SCHED_DEBUG` layout.
     pub fn plan(&mut self, level: u32) -> Result<String> {
         self.plan_next_step()?;
-        let mut out = String::new();
-        self.sched
-            .write_layout(&self.ctx, &self.graph, level, &mut out);
-        Ok(out)
+        Ok(self.sched.layout(&self.ctx, &self.graph, level).to_string())
     }
 
     /// The scheduler's plan of the next single-token step as Graphviz DOT

@@ -196,7 +196,9 @@ impl Embedder {
         );
 
         let after_weights = ctx.checkpoint();
-        let sched = Scheduler::new(backends, None, 2 * graph_capacity(&cfg), false)
+        let sched = Scheduler::builder(backends)
+            .graph_size(2 * graph_capacity(&cfg))
+            .build()
             .map_err(|e| MinilmError::Backend(e.to_string()))?;
         let mut e = Embedder {
             cfg,
@@ -332,10 +334,7 @@ impl Embedder {
     pub fn plan<S: AsRef<str>>(&mut self, sentences: &[S], level: u32) -> Result<String> {
         let batch = self.tokenizer.batch(sentences)?;
         let g = self.prepare(&batch)?;
-        let mut out = String::new();
-        self.sched
-            .write_layout(&self.ctx, &g.graph, level, &mut out);
-        Ok(out)
+        Ok(self.sched.layout(&self.ctx, &g.graph, level).to_string())
     }
 
     /// The scheduler's plan for a batch of `sentences` as Graphviz DOT

@@ -305,7 +305,7 @@ pub fn write_dot(s: &Scheduler, ctx: &Context, graph: &Graph, title: &str, out: 
             if leafs.contains(src)
                 && !leaf_home.contains_key(src)
                 && s.tensor_backend(*src).is_some()
-                && s.tensor_backend(*src) == splits.get(split_of[i]).map(|sp| sp.backend())
+                && s.tensor_backend(*src) == splits.get(split_of[i]).map(|sp| sp.backend_index())
             {
                 leaf_home.insert(*src, split_of[i]);
             }
@@ -391,7 +391,7 @@ pub fn write_dot(s: &Scheduler, ctx: &Context, graph: &Graph, title: &str, out: 
     }
 
     for (k, sp) in splits.iter().enumerate() {
-        let b = sp.backend();
+        let b = sp.backend_index();
         let inputs: Vec<String> = sp
             .inputs()
             .iter()

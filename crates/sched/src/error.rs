@@ -6,13 +6,13 @@
 
 use crate::galloc::AllocError;
 use backend_core::BackendError;
-use graph::GraphError;
+use graph::{GraphError, TensorId};
 
 /// What went wrong in a scheduler call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SchedError {
-    /// `Scheduler::new` was given no backend.
+    /// The scheduler was given no backend.
     #[error("the scheduler needs at least one backend")]
     NoBackends,
     /// More backends than the scheduler supports.
@@ -108,6 +108,22 @@ pub enum SchedError {
     /// graph (or `reset`) first.
     #[error("the graph to compute is not the one allocated: call alloc_graph on it first")]
     GraphNotAllocated,
+    /// Strict weights only (`Scheduler::set_strict_weights`, `SchedulerBuilder::strict_weights`):
+    /// a graph leaf (op `NONE`, no input, no view) that the scheduler would treat as compute
+    /// memory: it has no memory (the allocator would give it compute memory, read
+    /// uninitialised) or lives in a compute buffer. Usually a weight that was not loaded into a
+    /// buffer marked [`BufferUsage::Weights`](backend_core::BufferUsage::Weights). Nothing was
+    /// allocated.
+    #[error(
+        "leaf {name} is not in a weights buffer: the scheduler would treat it as compute memory \
+         (load it into a buffer, or mark it as a graph input)"
+    )]
+    UnplacedWeights {
+        /// The tensor.
+        tensor: TensorId,
+        /// Its name.
+        name: String,
+    },
     /// An input of a split has no backend when it must be copied at compute time.
     #[error("split input {0} has no backend")]
     UnassignedInput(String),

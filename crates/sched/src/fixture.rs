@@ -583,13 +583,11 @@ impl Built {
     /// A scheduler for these backends with the reference limits on and the user
     /// assignments applied (not yet allocated).
     pub fn scheduler(&self) -> Result<Scheduler, FixtureError> {
-        let mut s = Scheduler::new(
-            self.backends.backends().to_vec(),
-            None,
-            self.graph_size,
-            self.parallel,
-        )?;
-        s.set_reference_limits(true);
+        let mut s = Scheduler::builder(self.backends.backends().to_vec())
+            .graph_size(self.graph_size)
+            .parallel(self.parallel)
+            .reference_limits(true)
+            .build()?;
         for &(t, b) in &self.assign {
             s.set_tensor_backend(&self.ctx, t, b)?;
         }
@@ -756,9 +754,7 @@ impl GraphFile {
     /// The `GGML_SCHED_DEBUG` layout (level 2) of the schedule.
     pub fn debug_layout(&self) -> Result<String, FixtureError> {
         let (b, s) = self.schedule()?;
-        let mut out = String::new();
-        s.write_layout(&b.ctx, &b.graph, 2, &mut out);
-        Ok(out)
+        Ok(s.layout(&b.ctx, &b.graph, 2).to_string())
     }
 }
 

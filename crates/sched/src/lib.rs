@@ -16,9 +16,9 @@
 //! instead of aborts, growing tables instead of fixed capacities, a caller's graph that is
 //! never left rewritten, and a run-time number of pipeline copies.
 //!
-//! * [`Scheduler`]: the scheduler.
+//! * [`Scheduler`]: the scheduler, made with named settings by [`Scheduler::builder`].
 //! * [`fixture`]: graph files (`FORMAT.md`) and backends that honour their capabilities.
-//! * [`Plan`]: the plan-file form of a schedule; [`Scheduler::write_layout`] the
+//! * [`Plan`]: the plan-file form of a schedule; [`Scheduler::layout`] the
 //!   `GGML_SCHED_DEBUG` layout.
 //! * [`dot`]: a picture of a plan (Graphviz DOT, rendered by `dot`).
 //! * [`trace`]: a picture of a run (Chrome trace-event JSON from an optional sink).
@@ -38,6 +38,31 @@
 //! assert_eq!(plan.splits[0].inputs, ["x"]); // the input lives on the CPU and is copied in
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! An engine makes its scheduler once, naming what it changes from the defaults, and plans
+//! and computes each step's graph with it:
+//!
+//! ```
+//! use graph::{Context, ElementType, Graph};
+//! use sched::Scheduler;
+//!
+//! let cpu = backend_cpu::cpu_device().init_backend("")?;
+//! let mut sched = Scheduler::builder(vec![cpu])
+//!     .graph_size(1024) // nodes per graph, a capacity hint
+//!     .build()?;
+//!
+//! let mut ctx = Context::new();
+//! let x = ctx.new_tensor_1d(ElementType::F32, 4)?;
+//! ctx.set_input(x)?;
+//! let y = ctx.sqr(x)?;
+//! let mut g = Graph::new(16);
+//! g.build_forward_expand(&mut ctx, y)?;
+//! sched.alloc_graph(&mut ctx, &g)?;
+//! assert_eq!(sched.splits()[0].backend().name(), "CPU");
+//! let layout = sched.layout(&ctx, &g, 2).to_string(); // the GGML_SCHED_DEBUG layout
+//! assert!(layout.contains("## SPLIT #0: CPU"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod dot;
 mod error;
@@ -52,9 +77,10 @@ pub mod trace;
 pub use error::SchedError;
 pub use op_timer::OpTimer;
 pub use plan::{Plan, PlanSplit, PlanTensor};
-pub use print::fmt_size;
+pub use print::{Layout, fmt_size};
 pub use sched::{
-    Cause, DEFAULT_PARALLEL_COPIES, EvalCallback, MAX_BACKENDS, MAX_SPLIT_INPUTS, Scheduler, Split,
+    Cause, DEFAULT_PARALLEL_COPIES, EvalCallback, MAX_BACKENDS, MAX_SPLIT_INPUTS, Scheduler,
+    SchedulerBuilder, Split,
 };
 
 /// Slots of ggml's hash set for at least `min` keys (`ggml_hash_size`): the smallest of

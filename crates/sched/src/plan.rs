@@ -81,7 +81,7 @@ impl Plan {
                 .splits()
                 .iter()
                 .map(|s| PlanSplit {
-                    backend: sched.backends()[s.backend()].name().to_owned(),
+                    backend: s.backend().name().to_owned(),
                     start: s.start(),
                     end: s.end(),
                     inputs: s.inputs().iter().map(|&t| name(t)).collect(),

@@ -4,7 +4,7 @@
 //! column (fixed widths, truncation, the `NULL` backend of input copies); the only addition
 //! is the cause column, which the seed has but compiles out.
 
-use std::fmt::Write as _;
+use std::fmt::Write;
 
 use graph::{Context, Graph, MAX_SRC, TensorId};
 
@@ -34,35 +34,76 @@ fn name_size(ctx: &Context, t: TensorId) -> (&str, usize) {
     ctx.get(t).map_or(("?", 0), |t| (t.name(), t.nbytes()))
 }
 
-pub(crate) fn write_layout(
+/// A plan in the seed's `GGML_SCHED_DEBUG` layout, from [`Scheduler::layout`]: formatting it
+/// writes the layout, so a log line or a `String` gets it without an intermediate buffer.
+///
+/// ```
+/// use sched::fixture::GraphFile;
+/// let file = GraphFile::from_json(r#"{
+///   "graph_size": 16,
+///   "backends": [{"name": "GPU0", "device_type": "gpu"}, {"name": "CPU", "device_type": "cpu"}],
+///   "tensors": [
+///     {"name": "w", "type": "f32", "ne": [8, 8], "buffer": "GPU0"},
+///     {"name": "x", "type": "f32", "ne": [8, 2], "flags": ["input"]},
+///     {"name": "y", "op": "MUL_MAT", "src": ["w", "x"]}],
+///   "expand": ["y"]}"#)?;
+/// let (b, sched) = file.schedule()?;
+/// let layout: sched::Layout<'_> = sched.layout(&b.ctx, &b.graph, 2);
+/// let text = format!("{layout}");
+/// assert!(text.starts_with("\n## SPLIT #0: GPU0 # 1 inputs: [x (   0K)] \n"));
+/// assert!(text.contains("MUL_MAT"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy)]
+pub struct Layout<'a> {
+    pub(crate) sched: &'a Scheduler,
+    pub(crate) ctx: &'a Context,
+    pub(crate) graph: &'a Graph,
+    pub(crate) level: u32,
+}
+
+impl std::fmt::Debug for Layout<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layout")
+            .field("level", &self.level)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Display for Layout<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write_layout(self.sched, self.ctx, self.graph, self.level, f)
+    }
+}
+
+fn write_layout(
     s: &Scheduler,
     ctx: &Context,
     graph: &Graph,
     level: u32,
-    out: &mut String,
-) {
+    out: &mut impl Write,
+) -> std::fmt::Result {
     let splits = s.splits();
-    // Split backends are indices of `s.backends()` (the split pass takes them from assigned
-    // backends); `cur < splits.len()` is checked before each use.
+    // `cur < splits.len()` is checked before each use.
     let mut cur = 0;
     for (i, &node) in graph.nodes().iter().enumerate() {
         if cur < splits.len() && i == splits[cur].start() {
             let sp = &splits[cur];
-            let _ = write!(
+            write!(
                 out,
                 "\n## SPLIT #{}: {} # {} inputs",
                 cur,
-                s.backends()[sp.backend()].name(),
+                sp.backend().name(),
                 sp.inputs().len()
-            );
+            )?;
             for (j, &inp) in sp.inputs().iter().enumerate() {
                 if j == 0 {
-                    out.push_str(": ");
+                    out.write_str(": ")?;
                 }
                 let (name, size) = name_size(ctx, inp);
-                let _ = write!(out, "[{} ({:>5.5})] ", name, fmt_size(size));
+                write!(out, "[{} ({:>5.5})] ", name, fmt_size(size))?;
             }
-            out.push('\n');
+            out.write_char('\n')?;
             cur += 1;
         }
         let Ok(t) = ctx.get(node) else { continue };
@@ -70,7 +111,7 @@ pub(crate) fn write_layout(
             continue;
         }
         if level > 1 {
-            let _ = write!(
+            write!(
                 out,
                 "node #{:3} ({:>10.10}): {:>20.20} ({:>5.5}) [{:>5.5} {:>8.8}]:",
                 i,
@@ -79,22 +120,23 @@ pub(crate) fn write_layout(
                 fmt_size(t.nbytes()),
                 backend_name(s, node),
                 s.tensor_cause(node)
-            );
+            )?;
             for j in 0..MAX_SRC {
                 let Some(src) = s.effective_src(ctx, node, j) else {
                     continue;
                 };
                 let (name, size) = name_size(ctx, src);
-                let _ = write!(
+                write!(
                     out,
                     " {:>20.20} ({:>5.5}) [{:>5.5} {:>8.8}]",
                     name,
                     fmt_size(size),
                     backend_name(s, src),
                     s.tensor_cause(src)
-                );
+                )?;
             }
-            out.push('\n');
+            out.write_char('\n')?;
         }
     }
+    Ok(())
 }

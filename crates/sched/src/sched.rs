@@ -134,17 +134,42 @@ impl std::fmt::Display for Cause {
 
 /// One split: a run of user-graph nodes computed on one backend, and the tensors copied in
 /// from other backends before it runs.
-#[derive(Clone, Debug, Default)]
+///
+/// ```
+/// use sched::fixture::GraphFile;
+/// let file = GraphFile::from_json(r#"{
+///   "graph_size": 16,
+///   "backends": [{"name": "GPU0", "device_type": "gpu"}, {"name": "CPU", "device_type": "cpu"}],
+///   "tensors": [
+///     {"name": "w", "type": "f32", "ne": [8, 8], "buffer": "GPU0"},
+///     {"name": "x", "type": "f32", "ne": [8, 2], "flags": ["input"]},
+///     {"name": "y", "op": "MUL_MAT", "src": ["w", "x"]}],
+///   "expand": ["y"]}"#)?;
+/// let (_built, sched) = file.schedule()?;
+/// let split = &sched.splits()[0];
+/// assert_eq!(split.backend().name(), "GPU0");
+/// assert_eq!(split.backend_index(), 0);
+/// assert_eq!(split.inputs().len(), 1); // x, copied from the CPU
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
 pub struct Split {
     backend: BackendId,
+    /// `backends[backend]`, kept so that [`Split::backend`] needs no scheduler.
+    handle: Backend,
     start: usize,
     end: usize,
     inputs: Vec<TensorId>,
 }
 
 impl Split {
-    /// Index of the backend that computes this split.
-    pub fn backend(&self) -> usize {
+    /// The backend that computes this split.
+    pub fn backend(&self) -> &Backend {
+        &self.handle
+    }
+    /// Index of the backend that computes this split in [`Scheduler::backends`] (the
+    /// numbering of [`Scheduler::tensor_backend`] and [`Scheduler::buffer_size`]).
+    pub fn backend_index(&self) -> usize {
         self.backend.index()
     }
     /// First node (index in the user graph).
@@ -169,7 +194,9 @@ pub type EvalCallback = Box<dyn FnMut(&Context, TensorId, bool) -> bool + Send>;
 
 /// The multi-backend scheduler (`ggml_backend_sched`).
 ///
-/// Backends are given in priority order; the last one must run on a CPU device. For each
+/// Made by [`Scheduler::builder`] (named settings) or [`Scheduler::new`] (the seed's
+/// positional ones). Backends are given in priority order; the last one must run on a CPU
+/// device. For each
 /// graph the scheduler assigns every node a backend, cuts the graph into splits that run on
 /// one backend each, adds copies of the tensors a split reads from incompatible memory,
 /// allocates compute memory through the graph allocator (one buffer per distinct buffer
@@ -181,7 +208,9 @@ pub type EvalCallback = Box<dyn FnMut(&Context, TensorId, bool) -> bool + Send>;
 ///
 /// // one planning-only CPU backend
 /// let backends = FixtureBackends::new(&[BackendSpec::cpu("CPU")])?;
-/// let mut sched = Scheduler::new(backends.backends().to_vec(), None, 64, false)?;
+/// let mut sched = Scheduler::builder(backends.backends().to_vec())
+///     .graph_size(64)
+///     .build()?;
 ///
 /// let mut ctx = Context::new();
 /// let x = ctx.new_tensor_1d(ElementType::F32, 16)?;
@@ -222,6 +251,9 @@ pub struct Scheduler {
     state: PlanState,
     options: Options,
     hooks: Hooks,
+    /// Per tensor index: 1 + the generation of the tensor last warned about as an unplaced
+    /// weight (0: none), so each such tensor is warned about once.
+    reported: Vec<u32>,
 }
 
 /// Where the scheduler stands between `reset`, a plan and an allocation.
@@ -244,6 +276,8 @@ struct Options {
     graph_size: usize,
     /// Reference limits: the seed's fixed capacities are errors.
     strict: bool,
+    /// A graph leaf that would get compute memory is an error, not a warning.
+    strict_weights: bool,
     /// `GGML_SCHED_DEBUG` level.
     debug: u32,
 }
@@ -265,11 +299,206 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
+/// Named settings for a new [`Scheduler`], from [`Scheduler::builder`].
+///
+/// Every setting has a default, so a caller names only what it changes, and a setting added
+/// later breaks no caller: buffer types default to each backend's default buffer type, the
+/// graph size hint to [`graph::DEFAULT_GRAPH_SIZE`], pipeline copies to 1 (no pipeline
+/// parallelism), reference limits and strict weights to off, the debug level to the
+/// `GGML_SCHED_DEBUG` environment variable.
+///
+/// ```
+/// use sched::{DEFAULT_PARALLEL_COPIES, Scheduler, fixture::{BackendSpec, FixtureBackends}};
+///
+/// let backends = FixtureBackends::new(&[BackendSpec::gpu("GPU0"), BackendSpec::cpu("CPU")])?;
+/// let sched = Scheduler::builder(backends.backends().to_vec())
+///     .graph_size(4096)
+///     .parallel(true)
+///     .build()?;
+/// assert_eq!(sched.n_copies(), DEFAULT_PARALLEL_COPIES);
+/// assert_eq!(sched.backend_names(), ["GPU0", "CPU"]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "a builder makes no scheduler until `build` is called"]
+pub struct SchedulerBuilder {
+    backends: Vec<Backend>,
+    buffer_types: Option<Vec<BufferType>>,
+    graph_size: usize,
+    n_copies: usize,
+    reference_limits: bool,
+    strict_weights: bool,
+    debug: Option<u32>,
+}
+
+impl SchedulerBuilder {
+    /// The buffer type each backend's compute memory is allocated in, one per backend in the
+    /// backends' order (default: each backend's default buffer type). [`build`](Self::build)
+    /// checks the count and that each backend can use its buffer type.
+    ///
+    /// ```
+    /// use sched::{Scheduler, SchedError, fixture::{BackendSpec, FixtureBackends}};
+    ///
+    /// let b = FixtureBackends::new(&[BackendSpec::gpu("GPU0"), BackendSpec::cpu("CPU")])?;
+    /// let host = b.backends()[1].default_buffer_type();
+    /// let r = Scheduler::builder(b.backends().to_vec()).buffer_types(vec![host]).build();
+    /// assert!(matches!(r, Err(SchedError::BufferTypeCount { expected: 2, got: 1 })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn buffer_types(mut self, buffer_types: Vec<BufferType>) -> Self {
+        self.buffer_types = Some(buffer_types);
+        self
+    }
+
+    /// The graph capacity hint: the number of nodes (and, separately, leafs) the graphs are
+    /// expected to have. The scheduler's tables start this large and grow past it; with
+    /// [`reference_limits`](Self::reference_limits) it is a limit, as in the seed.
+    ///
+    /// ```
+    /// # let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let sched = sched::Scheduler::builder(vec![cpu]).graph_size(8192).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn graph_size(mut self, graph_size: usize) -> Self {
+        self.graph_size = graph_size;
+        self
+    }
+
+    /// Pipeline parallelism with [`DEFAULT_PARALLEL_COPIES`] copies of the inputs (`true`), or
+    /// none (`false`, the default): the `parallel` argument of `ggml_backend_sched_new`.
+    ///
+    /// ```
+    /// # let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let sched = sched::Scheduler::builder(vec![cpu]).parallel(true).build()?;
+    /// assert_eq!(sched.n_copies(), sched::DEFAULT_PARALLEL_COPIES);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn parallel(mut self, parallel: bool) -> Self {
+        self.n_copies = if parallel { DEFAULT_PARALLEL_COPIES } else { 1 };
+        self
+    }
+
+    /// An explicit number of pipeline copies (1: no pipeline parallelism; 0 is
+    /// [`SchedError::InvalidCopies`] at [`build`](Self::build)). More copies overlap more
+    /// steps and cost more memory (llama.cpp #24355, #20395).
+    ///
+    /// ```
+    /// # let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let sched = sched::Scheduler::builder(vec![cpu]).copies(2).build()?;
+    /// assert_eq!(sched.n_copies(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn copies(mut self, n_copies: usize) -> Self {
+        self.n_copies = n_copies;
+        self
+    }
+
+    /// Enforce the seed's fixed capacities as errors instead of growing (see
+    /// [`Scheduler::set_reference_limits`]).
+    ///
+    /// ```
+    /// # let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let sched = sched::Scheduler::builder(vec![cpu]).reference_limits(true).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reference_limits(mut self, on: bool) -> Self {
+        self.reference_limits = on;
+        self
+    }
+
+    /// Make a graph leaf that would end up in compute memory an error
+    /// ([`SchedError::UnplacedWeights`]) instead of a warning (see
+    /// [`Scheduler::set_strict_weights`]).
+    ///
+    /// ```
+    /// use graph::{Context, ElementType, Graph};
+    /// use sched::{SchedError, Scheduler};
+    ///
+    /// let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let mut sched = Scheduler::builder(vec![cpu]).strict_weights(true).build()?;
+    /// let mut ctx = Context::new();
+    /// // a weight nobody allocated: the scheduler would give it (uninitialised) compute memory
+    /// let w = ctx.new_tensor_1d(ElementType::F32, 4)?;
+    /// let y = ctx.sqr(w)?;
+    /// let mut g = Graph::new(8);
+    /// g.build_forward_expand(&mut ctx, y)?;
+    /// let r = sched.alloc_graph(&mut ctx, &g);
+    /// assert!(matches!(r, Err(SchedError::UnplacedWeights { tensor, .. }) if tensor == w));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn strict_weights(mut self, on: bool) -> Self {
+        self.strict_weights = on;
+        self
+    }
+
+    /// The debug level (see [`Scheduler::set_debug`]); without it, the `GGML_SCHED_DEBUG`
+    /// environment variable's.
+    ///
+    /// ```
+    /// # let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let sched = sched::Scheduler::builder(vec![cpu]).debug(2).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn debug(mut self, level: u32) -> Self {
+        self.debug = Some(level);
+        self
+    }
+
+    /// The scheduler (`ggml_backend_sched_new`). Errors: no backends, more than
+    /// [`MAX_BACKENDS`], a last backend not on a CPU device, a buffer-type list of the wrong
+    /// length or a buffer type its backend cannot use, zero pipeline copies.
+    ///
+    /// ```
+    /// use sched::{Scheduler, SchedError};
+    /// assert!(matches!(Scheduler::builder(vec![]).build(), Err(SchedError::NoBackends)));
+    /// ```
+    pub fn build(self) -> Result<Scheduler> {
+        let mut s = Scheduler::with_copies(
+            self.backends,
+            self.buffer_types,
+            self.graph_size,
+            self.n_copies,
+        )?;
+        s.options.strict = self.reference_limits;
+        s.options.strict_weights = self.strict_weights;
+        if let Some(level) = self.debug {
+            s.options.debug = level;
+        }
+        Ok(s)
+    }
+}
+
 impl Scheduler {
+    /// Start a scheduler over `backends` (priority order, the last on a CPU device) with
+    /// named settings; see [`SchedulerBuilder`] for them and their defaults.
+    ///
+    /// ```
+    /// use sched::{Scheduler, fixture::{BackendSpec, FixtureBackends}};
+    ///
+    /// let backends = FixtureBackends::new(&[BackendSpec::cpu("CPU")])?;
+    /// let sched = Scheduler::builder(backends.backends().to_vec())
+    ///     .graph_size(64)
+    ///     .build()?;
+    /// assert_eq!(sched.n_copies(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder(backends: Vec<Backend>) -> SchedulerBuilder {
+        SchedulerBuilder {
+            backends,
+            buffer_types: None,
+            graph_size: graph::DEFAULT_GRAPH_SIZE,
+            n_copies: 1,
+            reference_limits: false,
+            strict_weights: false,
+            debug: None,
+        }
+    }
+
     /// A scheduler over `backends` (priority order, the last on a CPU device), with optional
     /// buffer types per backend (default: each backend's default buffer type), a graph
     /// capacity hint, and `parallel` for pipeline parallelism with
-    /// [`DEFAULT_PARALLEL_COPIES`] copies (`ggml_backend_sched_new`).
+    /// [`DEFAULT_PARALLEL_COPIES`] copies: the positional form of `ggml_backend_sched_new`.
+    /// [`Scheduler::builder`] names the same settings and has the rest.
     pub fn new(
         backends: Vec<Backend>,
         bufts: Option<Vec<BufferType>>,
@@ -281,8 +510,8 @@ impl Scheduler {
     }
 
     /// Like [`Scheduler::new`] with an explicit number of pipeline copies (1: no pipeline
-    /// parallelism). More copies overlap more steps and cost more memory (llama.cpp #24355,
-    /// #20395).
+    /// parallelism); [`SchedulerBuilder::copies`] is the named form. More copies overlap more
+    /// steps and cost more memory (llama.cpp #24355, #20395).
     pub fn with_copies(
         backends: Vec<Backend>,
         bufts: Option<Vec<BufferType>>,
@@ -346,8 +575,10 @@ impl Scheduler {
             options: Options {
                 graph_size,
                 strict: false,
+                strict_weights: false,
                 debug,
             },
+            reported: Vec::new(),
             hooks: Hooks::default(),
         };
         s.reset();
@@ -360,6 +591,37 @@ impl Scheduler {
     /// inspector turns this on so that graphs the reference rejects are rejected here too.
     pub fn set_reference_limits(&mut self, on: bool) {
         self.options.strict = on;
+    }
+
+    /// Make a graph leaf the scheduler would treat as compute memory an error instead of a
+    /// warning. Such a leaf (op `NONE`, no input, no view) has no memory, so the allocator
+    /// gives it compute memory and it is read uninitialised, or it already lives in a
+    /// [`BufferUsage::Compute`](backend_core::BufferUsage::Compute) buffer, which the next
+    /// allocation may overwrite: in both cases, usually a weight that was not loaded into a
+    /// weights buffer. Without strict weights each such tensor is logged once through
+    /// `tracing` at WARN; with it, planning fails with [`SchedError::UnplacedWeights`] before
+    /// anything is allocated. Leafs in buffers of usage `Any` (caches and other state the
+    /// caller owns) are neither.
+    ///
+    /// ```
+    /// use graph::{Context, ElementType, Graph};
+    /// use sched::{SchedError, Scheduler};
+    ///
+    /// let cpu = backend_cpu::cpu_device().init_backend("")?;
+    /// let mut sched = Scheduler::builder(vec![cpu]).build()?;
+    /// let mut ctx = Context::new();
+    /// let w = ctx.new_tensor_1d(ElementType::F32, 4)?;
+    /// let y = ctx.sqr(w)?;
+    /// let mut g = Graph::new(8);
+    /// g.build_forward_expand(&mut ctx, y)?;
+    /// sched.set_strict_weights(true);
+    /// assert!(matches!(sched.alloc_graph(&mut ctx, &g), Err(SchedError::UnplacedWeights { .. })));
+    /// sched.set_strict_weights(false);
+    /// sched.alloc_graph(&mut ctx, &g)?; // a warning only
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_strict_weights(&mut self, on: bool) {
+        self.options.strict_weights = on;
     }
 
     /// Set the debug level (0: off, 1: split headers, 2: also one line per node), logged
@@ -407,7 +669,7 @@ impl Scheduler {
     ///
     /// ```
     /// let cpu = backend_cpu::cpu_device().init_backend("")?;
-    /// let sched = sched::Scheduler::new(vec![cpu], None, 64, false)?;
+    /// let sched = sched::Scheduler::builder(vec![cpu]).build()?;
     /// assert_eq!(sched.backend_names(), ["CPU"]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -468,10 +730,39 @@ impl Scheduler {
         &self.alloc.graph
     }
 
-    /// Write the plan of the last split of `graph` in the seed's `GGML_SCHED_DEBUG` layout
-    /// (level 1: split headers; 2: also one line per non-view node with its sources), with the
-    /// assigning pass in the cause column (the seed compiles causes out and prints it empty).
+    /// The plan of the last split of `graph` in the seed's `GGML_SCHED_DEBUG` layout (level 1:
+    /// split headers; 2: also one line per non-view node with its sources), with the assigning
+    /// pass in the cause column (the seed compiles causes out and prints it empty), as a
+    /// [`Display`](std::fmt::Display) value: format it, or `to_string()` it.
+    ///
+    /// ```
+    /// use sched::fixture::GraphFile;
+    /// let file = GraphFile::from_json(r#"{
+    ///   "graph_size": 16, "backends": [{"name": "CPU", "device_type": "cpu"}],
+    ///   "tensors": [{"name": "x", "type": "f32", "ne": [4], "flags": ["input"]},
+    ///               {"name": "y", "op": "SCALE", "src": ["x"], "scale": 2.0}],
+    ///   "expand": ["y"]}"#)?;
+    /// let (b, sched) = file.schedule()?;
+    /// let text = sched.layout(&b.ctx, &b.graph, 1).to_string();
+    /// assert_eq!(text, "\n## SPLIT #0: CPU # 0 inputs\n");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn layout<'a>(
+        &'a self,
+        ctx: &'a Context,
+        graph: &'a Graph,
+        level: u32,
+    ) -> crate::print::Layout<'a> {
+        crate::print::Layout {
+            sched: self,
+            ctx,
+            graph,
+            level,
+        }
+    }
+
+    /// [`Scheduler::layout`], appended to `out`.
     pub fn write_layout(&self, ctx: &Context, graph: &Graph, level: u32, out: &mut String) {
-        crate::print::write_layout(self, ctx, graph, level, out);
+        let _ = write!(out, "{}", self.layout(ctx, graph, level));
     }
 }

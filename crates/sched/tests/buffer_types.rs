@@ -309,7 +309,7 @@ fn a_backend_reading_another_buffer_type_takes_its_data_without_copies() {
     let on: Vec<(usize, Vec<TensorId>)> = s
         .splits()
         .iter()
-        .map(|sp| (sp.backend(), sp.inputs().to_vec()))
+        .map(|sp| (sp.backend_index(), sp.inputs().to_vec()))
         .collect();
     assert_eq!(
         on,

@@ -26,13 +26,11 @@ fn setup(cfg: &Cfg, dev_cfg: TestDeviceConfig, n_cpu: usize, n_copies: usize) ->
     let cpu = common::cpu(2);
     let place = common::offload(&cpu, &dev, n_cpu);
     let model = Model::build(cfg, &place, SEED);
-    let sched = Scheduler::with_copies(
-        vec![dev.init_backend("").unwrap(), cpu],
-        None,
-        4096,
-        n_copies,
-    )
-    .unwrap();
+    let sched = Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .copies(n_copies)
+        .build()
+        .unwrap();
     Setup { model, sched }
 }
 
@@ -49,7 +47,7 @@ impl Setup {
 
 /// Both backends really got work: at least one split on each.
 fn assert_split_between_both(s: &Scheduler) {
-    let on: Vec<usize> = s.splits().iter().map(|sp| sp.backend()).collect();
+    let on: Vec<usize> = s.splits().iter().map(|sp| sp.backend_index()).collect();
     assert!(on.contains(&0) && on.contains(&1), "splits on {on:?}");
 }
 

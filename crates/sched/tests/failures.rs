@@ -49,15 +49,20 @@ fn sandwich_model(
 
 /// A scheduler over the device (backend 0) and `cpu` (backend 1), without pipeline copies.
 fn device_and(dev: &Device, cpu: Backend) -> Scheduler {
-    Scheduler::new(vec![dev.init_backend("").unwrap(), cpu], None, 4096, false).unwrap()
+    Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .build()
+        .unwrap()
 }
 
 /// A scheduler over the device and `cpu` with two pipeline copies and the reference limits.
 fn device_and_with_limits(dev: &Device, cpu: Backend) -> Scheduler {
-    let mut s =
-        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
-    s.set_reference_limits(true);
-    s
+    Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .copies(2)
+        .reference_limits(true)
+        .build()
+        .unwrap()
 }
 
 fn compute(s: &mut Scheduler, m: &mut Model, step: u64) -> Vec<u8> {
@@ -208,7 +213,7 @@ fn a_backend_failing_mid_graph_is_typed_and_the_scheduler_recovers() {
     let mut s = device_and(&dev, flaky);
     let mut reference = Reference::new(&cfg, SEED, &[]);
     assert!(compute(&mut s, &mut m, 0) == reference.step(0));
-    let on: Vec<usize> = s.splits().iter().map(|x| x.backend()).collect();
+    let on: Vec<usize> = s.splits().iter().map(|x| x.backend_index()).collect();
     assert_eq!(on, [1, 0, 1], "CPU, device, CPU");
     s.reset();
     // the CPU's second split of the next step (the output, after the device's split) fails

@@ -57,8 +57,11 @@ fn overlapping_computes_match_cpu_alone(n_copies: usize) {
     let place = common::offload(&cpu, &dev, 1);
     let mut m = Model::build(&cfg, &place, 11);
     let dev_backend = dev.init_backend("").unwrap();
-    let mut sched =
-        Scheduler::with_copies(vec![dev_backend.clone(), cpu], None, 4096, n_copies).unwrap();
+    let mut sched = Scheduler::builder(vec![dev_backend.clone(), cpu])
+        .graph_size(4096)
+        .copies(n_copies)
+        .build()
+        .unwrap();
     let mut reference = Reference::new(&cfg, 11, &[]);
 
     // history slots for the logits, in device memory
@@ -77,7 +80,7 @@ fn overlapping_computes_match_cpu_alone(n_copies: usize) {
     }
 
     sched.alloc_graph(&mut m.ctx, &m.graph).unwrap();
-    let on: Vec<usize> = sched.splits().iter().map(|s| s.backend()).collect();
+    let on: Vec<usize> = sched.splits().iter().map(|s| s.backend_index()).collect();
     assert!(on.contains(&0) && on.contains(&1), "splits on {on:?}");
     let n = steps();
     let mut checked = 0;

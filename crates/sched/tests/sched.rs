@@ -181,12 +181,15 @@ fn compute_runs_every_split_on_its_backend_and_advances_the_copy() {
     assert_eq!(s.cur_copy(), 0);
     // three copies: each compute runs every split and moves to the next copy, wrapping
     let start = [b.backends.computed(0), b.backends.computed(1)];
-    let mut s = Scheduler::with_copies(b.backends.backends().to_vec(), None, 2048, 3).unwrap();
+    let mut s = Scheduler::builder(b.backends.backends().to_vec())
+        .copies(3)
+        .build()
+        .unwrap();
     s.alloc_graph(&mut b.ctx, &b.graph).unwrap();
     let before = srcs_of(&b.ctx, &b.graph);
     let mut want = [0usize; 2];
     for sp in s.splits() {
-        want[sp.backend()] += sp.end() - sp.start();
+        want[sp.backend_index()] += sp.end() - sp.start();
     }
     assert!(want[0] > 0 && want[1] > 0);
     for (k, copy) in [1, 2, 0, 1].into_iter().enumerate() {
@@ -203,14 +206,17 @@ fn compute_runs_every_split_on_its_backend_and_advances_the_copy() {
 fn pipeline_copies_are_chosen_at_run_time() {
     let file = LlamaConfig::tiny(2).offload("GPU0", 3).graph_file("p");
     let mut b = file.build().unwrap();
-    let mut s = Scheduler::with_copies(b.backends.backends().to_vec(), None, 2048, 2).unwrap();
+    let mut s = Scheduler::builder(b.backends.backends().to_vec())
+        .copies(2)
+        .build()
+        .unwrap();
     assert_eq!(s.n_copies(), 2);
     s.alloc_graph(&mut b.ctx, &b.graph).unwrap();
     // every split input has one copy per pipeline copy, all allocated and distinct
     for sp in s.splits() {
         for &inp in sp.inputs() {
-            let c0 = s.tensor_copy(inp, sp.backend(), 0).unwrap();
-            let c1 = s.tensor_copy(inp, sp.backend(), 1).unwrap();
+            let c0 = s.tensor_copy(inp, sp.backend_index(), 0).unwrap();
+            let c1 = s.tensor_copy(inp, sp.backend_index(), 1).unwrap();
             assert_ne!(c0, c1);
             let (a, bb) = (b.ctx[c0].storage().unwrap(), b.ctx[c1].storage().unwrap());
             assert!(a.offset != bb.offset || !a.same_buffer(bb));

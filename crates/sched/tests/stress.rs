@@ -34,8 +34,11 @@ fn split_graph_with_pipeline_copies_and_latency_matches_cpu_alone_every_step() {
     // embeddings and layers 0, 1 on the CPU; layers 2, 3 and the output on the device
     let place = common::offload(&cpu, &dev, 2);
     let mut m = Model::build(&cfg, &place, 7);
-    let mut sched =
-        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 4).unwrap();
+    let mut sched = Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .copies(4)
+        .build()
+        .unwrap();
     let mut reference = Reference::new(&cfg, 7, &[]);
 
     let start = Instant::now();
@@ -56,7 +59,7 @@ fn split_graph_with_pipeline_copies_and_latency_matches_cpu_alone_every_step() {
         let got = m.logits();
         let want = reference.step(step);
         assert!(got == want, "step {step}: logits differ from the CPU alone");
-        let on: Vec<usize> = sched.splits().iter().map(|s| s.backend()).collect();
+        let on: Vec<usize> = sched.splits().iter().map(|s| s.backend_index()).collect();
         assert!(on.contains(&0) && on.contains(&1));
     }
     assert!(m.caches() == reference.model.caches(), "KV caches differ");

@@ -69,8 +69,11 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
     // layer 1 on the CPU, layer 2 and the output on the device: splits on both backends
     let place = common::offload(&cpu, &dev, 1);
     let mut model = Model::build(&cfg, &place, SEED);
-    let mut sched =
-        Scheduler::with_copies(vec![dev.init_backend("").unwrap(), cpu], None, 4096, 2).unwrap();
+    let mut sched = Scheduler::builder(vec![dev.init_backend("").unwrap(), cpu])
+        .graph_size(4096)
+        .copies(2)
+        .build()
+        .unwrap();
     let names = sched.backend_names();
     let trace = ChromeTrace::new(names.clone());
     assert!(
@@ -101,7 +104,7 @@ fn trace_of_a_pipelined_run_has_every_split_and_ordered_non_overlapping_spans() 
                 .iter()
                 .map(|&t| model.ctx[t].name().to_owned())
                 .collect();
-            (s.backend(), s.start(), s.end(), inputs)
+            (s.backend_index(), s.start(), s.end(), inputs)
         })
         .collect();
     assert!(splits.iter().any(|s| s.0 == 0) && splits.iter().any(|s| s.0 == 1));

@@ -173,6 +173,59 @@ impl Scheduler {
         Ok(b)
     }
 
+    /// Whether the leaf `t` is one the scheduler treats as compute memory although it reads
+    /// like a weight: op `NONE`, not a graph input, no view, and either no memory (the
+    /// allocator will give it compute memory) or memory in a buffer of usage `Compute`.
+    /// Buffers of usage `Any` hold state the caller owns (caches) and are not reported; a
+    /// weight in one only loses the "ops follow their weights" rule, as in the seed.
+    #[inline(always)]
+    pub(super) fn in_compute_memory(memo: &mut BufferMemo, devices: &[Device], t: &Tensor) -> bool {
+        if t.op() != Op::None || t.view_src().is_some() || t.flags().contains(TensorFlags::INPUT) {
+            return false;
+        }
+        match t.storage() {
+            None => true,
+            Some(st) => memo.facts(st, devices).usage == Some(BufferUsage::Compute),
+        }
+    }
+
+    /// Report the leaf `id` (`t`), which [`Scheduler::in_compute_memory`] found: an error with
+    /// `strict`, else a warning the first time this tensor is seen (`reported` holds, per
+    /// tensor index, 1 + the generation of the tensor last warned about; it grows only when a
+    /// new tensor is reported, so a plan repeated over the same tensors allocates nothing).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn report_unplaced(
+        reported: &mut Vec<u32>,
+        strict: bool,
+        id: TensorId,
+        t: &Tensor,
+    ) -> Result<()> {
+        if strict {
+            return Err(SchedError::UnplacedWeights {
+                tensor: id,
+                name: t.name().to_owned(),
+            });
+        }
+        let mark = id.generation().wrapping_add(1).max(1);
+        if reported.get(id.index()) == Some(&mark) {
+            return Ok(());
+        }
+        if reported.len() <= id.index() {
+            reported.resize(id.index() + 1, 0);
+        }
+        reported[id.index()] = mark;
+        tracing::warn!(
+            target: "sched",
+            tensor = t.name(),
+            "leaf {} is not in a weights buffer and no graph input: the scheduler treats it as \
+             compute memory (its data is not kept); load it into a weights buffer or mark it as \
+             an input",
+            t.name()
+        );
+        Ok(())
+    }
+
     /// Assign pre-allocated tensors, inputs and ops on weights (the seed's pass 1). Returns
     /// whether any node sits on a backend other than the last one.
     ///
@@ -198,9 +251,14 @@ impl Scheduler {
         // exactly the context's tensors, so that a tensor `ctx.get` found has a slot without
         // a second bounds check
         let slots = &mut self.table.slots[..ctx.len()];
+        let reported = &mut self.reported;
+        let strict_weights = self.options.strict_weights;
         for &leaf in leafs {
             let t = ctx.get(leaf)?;
             Self::assign_from_cur(slots, memo, devices, key_hi, ctx, leaf, t)?;
+            if Self::in_compute_memory(memo, devices, t) {
+                Self::report_unplaced(reported, strict_weights, leaf, t)?;
+            }
         }
         // whether any node sits on a backend other than the last one: the first two sweeps of
         // `expand_assignments` expand only such assignments, and are skipped without one (one

@@ -72,9 +72,8 @@ impl Scheduler {
         r?;
 
         if self.options.debug > 0 {
-            let mut s = String::new();
-            self.write_layout(ctx, graph, self.options.debug, &mut s);
-            tracing::debug!(target: "sched", "{s}");
+            let layout = self.layout(ctx, graph, self.options.debug);
+            tracing::debug!(target: "sched", "{layout}");
         }
 
         self.build_alloc_graph(ctx, graph)
@@ -83,8 +82,13 @@ impl Scheduler {
     /// Start split `i_split` on `backend` at node `start` (an entry left from an earlier plan is
     /// reused, keeping its input list's capacity).
     pub(super) fn new_split(&mut self, i_split: usize, backend: BackendId, start: usize) {
+        let handle = &self.backends[backend.index()];
         if i_split < self.splits.list.len() {
             let s = &mut self.splits.list[i_split];
+            if s.handle != *handle {
+                // a plan like the last one keeps its handles (no reference count touched)
+                s.handle = handle.clone();
+            }
             s.backend = backend;
             s.start = start;
             s.end = start;
@@ -92,6 +96,7 @@ impl Scheduler {
         } else {
             self.splits.list.push(Split {
                 backend,
+                handle: handle.clone(),
                 start,
                 end: start,
                 inputs: Vec::with_capacity(MAX_SPLIT_INPUTS),
