@@ -461,7 +461,10 @@ impl GlobalRegistry {
                     path: p.path,
                     name: p.name,
                 }),
-                Ok(p) => match best.iter_mut().find(|b| b.name.eq_ignore_ascii_case(&p.name)) {
+                Ok(p) => match best
+                    .iter_mut()
+                    .find(|b| b.name.eq_ignore_ascii_case(&p.name))
+                {
                     Some(b) if p.score > b.score => *b = p,
                     Some(_) => {}
                     None => best.push(p),

@@ -3,9 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::abi::{BUILD_FINGERPRINT, InitSlot, PLUGIN_ABI_VERSION, PLUGIN_ENTRY_SYMBOL, PluginEntry};
-use super::wrap::{Anchor, PluginRegistry};
 use super::PluginError;
+use super::abi::{
+    BUILD_FINGERPRINT, InitSlot, PLUGIN_ABI_VERSION, PLUGIN_ENTRY_SYMBOL, PluginEntry,
+};
+use super::wrap::{Anchor, PluginRegistry};
 use crate::registry::Registry;
 
 /// A library whose entry passed every check, with its score; nothing of it has run but its
@@ -165,7 +167,11 @@ pub(crate) fn install_in_process(path: &Path, inner: Registry, anchor: Anchor) -
 /// then the directory of `exe`.
 pub fn search_dirs_from(env: Option<&std::ffi::OsStr>, exe: Option<&Path>) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = env
-        .map(|v| std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()).collect())
+        .map(|v| {
+            std::env::split_paths(v)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect()
+        })
         .unwrap_or_default();
     if let Some(dir) = exe.and_then(Path::parent) {
         dirs.push(dir.to_path_buf());
@@ -191,7 +197,10 @@ pub(crate) fn plugin_file_matches(file: &str, name: Option<&str>) -> bool {
         None => !rest.is_empty(),
         Some(n) => {
             let n = n.replace('-', "_").to_ascii_lowercase();
-            rest == n || rest.strip_prefix(&n).is_some_and(|v| v.starts_with('_') && v.len() > 1)
+            rest == n
+                || rest
+                    .strip_prefix(&n)
+                    .is_some_and(|v| v.starts_with('_') && v.len() > 1)
         }
     }
 }

@@ -56,16 +56,16 @@ use std::path::PathBuf;
 
 use crate::error::BackendError;
 
+#[doc(hidden)]
+pub use abi::{__call_init, __call_score};
 pub use abi::{
     BUILD_FINGERPRINT, InitSlot, PLUGIN_ABI_VERSION, PLUGIN_ENTRY_SYMBOL, PluginEntry, PluginStr,
 };
-#[doc(hidden)]
-pub use abi::{__call_init, __call_score};
 pub use load::search_dirs_from;
 
-pub(crate) use load::{LoadedPlugin, Probe, candidates, install, probe};
 #[cfg(test)]
 pub(crate) use load::install_in_process;
+pub(crate) use load::{LoadedPlugin, Probe, candidates, install, probe};
 
 /// The environment variable listing plugin directories (a path list, like `PATH`), searched
 /// before the executable's directory.

@@ -48,9 +48,10 @@ impl PluginRegistry {
     /// and the global registry's entry) holds a handle from this plugin.
     pub(crate) fn busy(self: &Arc<Self>, owners: usize) -> bool {
         Arc::strong_count(self) > owners
-            || self.devices.iter().any(|d| {
-                Arc::strong_count(d) > 1 || d.bufts().any(|b| Arc::strong_count(b) > 1)
-            })
+            || self
+                .devices
+                .iter()
+                .any(|d| Arc::strong_count(d) > 1 || d.bufts().any(|b| Arc::strong_count(b) > 1))
     }
 
     /// Holders of the anchor besides the wrappers of this registry (for tests).
@@ -166,8 +167,14 @@ impl DeviceImpl for PluginDevice {
             .map(|b| BufferType::from_arc(b.clone()))
             .collect()
     }
-    fn buffer_from_host_memory(&self, memory: HostMemory, max_tensor_size: usize) -> Result<Buffer> {
-        let inner = self.inner.buffer_from_host_memory(memory, max_tensor_size)?;
+    fn buffer_from_host_memory(
+        &self,
+        memory: HostMemory,
+        max_tensor_size: usize,
+    ) -> Result<Buffer> {
+        let inner = self
+            .inner
+            .buffer_from_host_memory(memory, max_tensor_size)?;
         let buft = self.outer_buft(inner.buffer_type()).ok_or_else(|| {
             BackendError::unsupported(
                 self.name(),
