@@ -369,6 +369,14 @@ impl GlobalRegistry {
         self.install(probe)
     }
 
+    /// Register an already wrapped plugin (the bookkeeping tests, which need no library).
+    #[cfg(test)]
+    pub(crate) fn install_loaded(&self, loaded: LoadedPlugin) {
+        let mut plugins = self.plugins.lock();
+        assert!(self.register(loaded.handle()));
+        plugins.push(loaded);
+    }
+
     fn install(&self, probe: plugin::Probe) -> std::result::Result<Registry, PluginError> {
         let mut plugins = self.plugins.lock();
         if self.registry(&probe.name).is_some() {

@@ -276,18 +276,18 @@ fn load_best_picks_the_variant_that_runs_best_here() {
     };
 
     let global = GlobalRegistry::default();
-    let reg = global.load_best_from("test", &[dir.clone()]).unwrap();
+    let reg = global.load_best_from("test", std::slice::from_ref(&dir)).unwrap();
     assert_eq!(reg.devices()[0].name(), want_dev);
     assert_eq!(
         global.loaded_plugins(),
         vec![("TEST".to_owned(), dir.join(lib_name(want_file)))]
     );
-    let e = global.load_best_from("zero", &[dir.clone()]).unwrap_err();
+    let e = global.load_best_from("zero", std::slice::from_ref(&dir)).unwrap_err();
     assert!(
         matches!(&e, PluginError::NoCandidate { name, tried: 1, .. } if name == "zero"),
         "{e}"
     );
-    let e = global.load_best_from("absent", &[dir.clone()]).unwrap_err();
+    let e = global.load_best_from("absent", std::slice::from_ref(&dir)).unwrap_err();
     assert!(
         matches!(e, PluginError::NoCandidate { tried: 0, .. }),
         "{e}"
@@ -295,7 +295,7 @@ fn load_best_picks_the_variant_that_runs_best_here() {
 
     // load_all: the best TEST variant; the score-0 and broken files reported, not fatal.
     let all = GlobalRegistry::default();
-    let report = all.load_all_from(&[dir.clone()]);
+    let report = all.load_all_from(std::slice::from_ref(&dir));
     assert_eq!(report.loaded.len(), 1);
     assert_eq!(report.loaded[0].devices()[0].name(), want_dev);
     let mut failed: Vec<String> = report

@@ -50,6 +50,8 @@
 
 mod abi;
 mod load;
+#[cfg(test)]
+mod tests;
 mod wrap;
 
 use std::path::PathBuf;

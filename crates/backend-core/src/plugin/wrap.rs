@@ -24,7 +24,7 @@ pub(crate) type Anchor = Arc<dyn Any + Send + Sync>;
 pub(crate) struct PluginRegistry {
     inner: Registry,
     devices: Vec<Arc<PluginDevice>>,
-    anchor: Anchor,
+    _anchor: Anchor,
 }
 
 impl PluginRegistry {
@@ -39,7 +39,7 @@ impl PluginRegistry {
             PluginRegistry {
                 inner,
                 devices,
-                anchor,
+                _anchor: anchor,
             }
         })
     }
@@ -52,12 +52,6 @@ impl PluginRegistry {
                 .devices
                 .iter()
                 .any(|d| Arc::strong_count(d) > 1 || d.bufts().any(|b| Arc::strong_count(b) > 1))
-    }
-
-    /// Holders of the anchor besides the wrappers of this registry (for tests).
-    #[cfg(test)]
-    pub(crate) fn anchor(&self) -> &Anchor {
-        &self.anchor
     }
 }
 
@@ -72,7 +66,6 @@ impl RegistryImpl for PluginRegistry {
             .collect()
     }
     fn extension(&self, name: &str) -> Option<Arc<dyn Any + Send + Sync>> {
-        let _ = &self.anchor;
         self.inner.extension(name)
     }
 }
@@ -94,7 +87,7 @@ impl PluginDevice {
                 Arc::new(PluginBufferType {
                     inner: b,
                     device: weak.clone(),
-                    anchor: anchor.clone(),
+                    _anchor: anchor.clone(),
                 })
             };
             PluginDevice {
@@ -150,7 +143,7 @@ impl DeviceImpl for PluginDevice {
         Ok(Backend::new(PluginBackend {
             inner,
             device: device.clone(),
-            anchor: self.anchor.clone(),
+            _anchor: self.anchor.clone(),
         }))
     }
     fn buffer_type(&self) -> BufferType {
@@ -218,7 +211,7 @@ impl DeviceImpl for PluginDevice {
 struct PluginBufferType {
     inner: BufferType,
     device: Weak<PluginDevice>,
-    anchor: Anchor,
+    _anchor: Anchor,
 }
 
 impl BufferTypeImpl for PluginBufferType {
@@ -226,7 +219,6 @@ impl BufferTypeImpl for PluginBufferType {
         self.inner.name()
     }
     fn alloc_buffer(&self, size: usize) -> Result<Box<dyn BufferImpl>> {
-        let _ = &self.anchor;
         // The handle that calls this wraps the answer with *our* buffer type, which keeps the
         // library loaded for as long as the buffer lives.
         self.inner.implementation().alloc_buffer(size)
@@ -307,7 +299,7 @@ struct PluginBackend {
     inner: Backend,
     /// Our device handle (the plugin's backend knows only its own).
     device: Device,
-    anchor: Anchor,
+    _anchor: Anchor,
 }
 
 /// The plugin's own backend behind `b`, if `b` is one of ours.
@@ -399,7 +391,6 @@ impl BackendImpl for PluginBackend {
         self.inner.implementation().event_wait(inner_event(event))
     }
     fn as_any(&self) -> &dyn Any {
-        let _ = &self.anchor;
         self
     }
 }
