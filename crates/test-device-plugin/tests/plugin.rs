@@ -276,18 +276,29 @@ fn load_best_picks_the_variant_that_runs_best_here() {
     };
 
     let global = GlobalRegistry::default();
-    let reg = global.load_best_from("test", std::slice::from_ref(&dir)).unwrap();
+    let reg = global
+        .load_best_from("test", std::slice::from_ref(&dir))
+        .unwrap();
     assert_eq!(reg.devices()[0].name(), want_dev);
+    let linked = TestDevice::create(TestDeviceConfig::default()).unwrap();
+    assert!(
+        compute_through_scheduler(&reg.devices()[0]) == compute_through_scheduler(&linked),
+        "the chosen variant computes like the linked device"
+    );
     assert_eq!(
         global.loaded_plugins(),
         vec![("TEST".to_owned(), dir.join(lib_name(want_file)))]
     );
-    let e = global.load_best_from("zero", std::slice::from_ref(&dir)).unwrap_err();
+    let e = global
+        .load_best_from("zero", std::slice::from_ref(&dir))
+        .unwrap_err();
     assert!(
         matches!(&e, PluginError::NoCandidate { name, tried: 1, .. } if name == "zero"),
         "{e}"
     );
-    let e = global.load_best_from("absent", std::slice::from_ref(&dir)).unwrap_err();
+    let e = global
+        .load_best_from("absent", std::slice::from_ref(&dir))
+        .unwrap_err();
     assert!(
         matches!(e, PluginError::NoCandidate { tried: 0, .. }),
         "{e}"
