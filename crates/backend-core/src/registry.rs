@@ -459,6 +459,15 @@ impl GlobalRegistry {
     /// [`GlobalRegistry::load_best_from`] picks it. Registries already registered are left
     /// alone (reported as [`PluginError::AlreadyLoaded`]); files that fail their checks are
     /// reported, not fatal.
+    ///
+    /// ```no_run
+    /// use backend_core::GlobalRegistry;
+    /// let report = GlobalRegistry::get().load_all(); // BACKEND_PLUGIN_PATH, then beside the exe
+    /// for e in &report.failed {
+    ///     eprintln!("skipped: {e}"); // each names its file
+    /// }
+    /// let names: Vec<_> = report.loaded.iter().map(|r| r.name().to_owned()).collect();
+    /// ```
     pub fn load_all_from(&self, dirs: &[PathBuf]) -> LoadReport {
         let mut report = LoadReport::default();
         let mut best: Vec<plugin::Probe> = Vec::new();
@@ -507,6 +516,17 @@ impl GlobalRegistry {
     /// library. [`PluginError::Busy`] while any handle from it (its registry, a device, a
     /// buffer type, buffer, backend or event) is held anywhere but in this registry: then
     /// nothing changes. [`PluginError::NotLoaded`] if no plugin has that name.
+    ///
+    /// ```no_run
+    /// use backend_core::{GlobalRegistry, plugin::PluginError};
+    /// let global = GlobalRegistry::get();
+    /// let reg = global.load("plugins/libbackend_mine.so")?;
+    /// let backend = reg.devices()[0].init_backend("")?;
+    /// assert!(matches!(global.unload("mine"), Err(PluginError::Busy { .. })));
+    /// drop((reg, backend));
+    /// global.unload("mine")?; // unregistered, library closed
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn unload(&self, name: &str) -> std::result::Result<(), PluginError> {
         let mut plugins = self.plugins.lock();
         let i = plugins

@@ -165,6 +165,13 @@ pub(crate) fn install_in_process(path: &Path, inner: Registry, anchor: Anchor) -
 
 /// The directories plugins are searched in: each entry of `env` (a path list, as in `PATH`),
 /// then the directory of `exe`.
+///
+/// ```
+/// use std::path::{Path, PathBuf};
+/// let var = std::env::join_paths(["/opt/backends", "/usr/lib/app"]).unwrap();
+/// let dirs = backend_core::plugin::search_dirs_from(Some(&var), Some(Path::new("/bin/app")));
+/// assert_eq!(dirs, [PathBuf::from("/opt/backends"), "/usr/lib/app".into(), "/bin".into()]);
+/// ```
 pub fn search_dirs_from(env: Option<&std::ffi::OsStr>, exe: Option<&Path>) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = env
         .map(|v| {
