@@ -354,7 +354,7 @@ impl GlobalRegistry {
     /// Refused with a [`PluginError`] naming the file: a file that is no library or exports
     /// no entry point, another entry ABI version, another build fingerprint (compiler or
     /// `backend-core`), a score of 0, a name already registered, a failing init. Nothing is
-    /// registered then, and the library is closed again.
+    /// registered then (see [`crate::plugin`] for when the library is closed again).
     ///
     /// ```no_run
     /// use backend_core::GlobalRegistry;
@@ -512,8 +512,8 @@ impl GlobalRegistry {
             .collect()
     }
 
-    /// Unregister the plugin whose registry is named `name` (case-insensitive) and close its
-    /// library. [`PluginError::Busy`] while any handle from it (its registry, a device, a
+    /// Unregister the plugin whose registry is named `name` (case-insensitive) and drop every
+    /// object of it (its code stays mapped: see [`crate::plugin`]). [`PluginError::Busy`] while any handle from it (its registry, a device, a
     /// buffer type, buffer, backend or event) is held anywhere but in this registry: then
     /// nothing changes. [`PluginError::NotLoaded`] if no plugin has that name.
     ///
@@ -524,7 +524,7 @@ impl GlobalRegistry {
     /// let backend = reg.devices()[0].init_backend("")?;
     /// assert!(matches!(global.unload("mine"), Err(PluginError::Busy { .. })));
     /// drop((reg, backend));
-    /// global.unload("mine")?; // unregistered, library closed
+    /// global.unload("mine")?; // unregistered, its objects dropped
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn unload(&self, name: &str) -> std::result::Result<(), PluginError> {

@@ -387,3 +387,34 @@ fn unload_refuses_while_a_handle_lives() {
     drop((reg, dev, buf));
     global.unload("test").unwrap();
 }
+
+/// Unloading on a thread that ran the plugin's code (its drops, here), after another thread
+/// computed with it: that thread's exit runs the thread-local destructors the plugin's copy of
+/// `std` registered, which must still find their code (a segfault at thread exit otherwise).
+/// So `unload` releases the plugin's objects but keeps its code mapped.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_thread_that_unloaded_a_plugin_exits_cleanly() {
+    let path = built().get("test_device_plugin").to_path_buf();
+    let global = std::thread::scope(|s| {
+        s.spawn(|| {
+            let global = GlobalRegistry::default();
+            let reg = global.load(&path).unwrap();
+            let dev = reg.devices().remove(0);
+            let _ = compute_through_scheduler(&dev);
+            global
+        })
+        .join()
+        .unwrap()
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| global.unload("TEST").unwrap()).join().unwrap();
+    });
+    #[cfg(target_os = "linux")]
+    assert!(
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .contains(&*path.to_string_lossy()),
+        "the plugin's code stays mapped after unload"
+    );
+}

@@ -17,8 +17,21 @@ pub(crate) struct Probe {
     pub(crate) name: String,
     pub(crate) score: u32,
     init: unsafe extern "C" fn(*mut std::ffi::c_void),
-    /// Declared last: dropped after everything read from it.
-    library: Arc<libloading::Library>,
+    library: Arc<Mapped>,
+}
+
+/// A library whose Rust code has run (its score, its init, its objects): never closed.
+///
+/// Why: Rust code registers destructors for its thread-locals on every thread it runs on (the
+/// plugin's own copy of `std`, `tracing`, `parking_lot` …), and the C runtime calls them when
+/// that thread exits, long after an `unload`. Were the library unmapped by then, that call
+/// would jump into nothing (observed: a segfault at the exit of the thread that unloaded a
+/// plugin after computing with it). So dropping the last handle releases the plugin's objects
+/// (its memory, its threads) but leaves its code mapped for the rest of the process; loading
+/// the same file again maps nothing new. Libraries refused before any of their Rust code ran
+/// (no entry, another ABI version or fingerprint) are closed.
+pub(crate) struct Mapped {
+    _library: std::mem::ManuallyDrop<libloading::Library>,
 }
 
 /// Open `path` and check its entry: symbol, ABI version, fingerprint. The score is read but
@@ -83,15 +96,20 @@ pub(crate) fn probe(path: &Path) -> Result<Probe, PluginError> {
             reason: "the registry name is not UTF-8".to_owned(),
         })?
         .to_owned();
+    let (score_fn, init) = (entry.score, entry.init);
+    // From here on the library's Rust code runs, so it is never closed (see `Mapped`).
+    let library = Arc::new(Mapped {
+        _library: std::mem::ManuallyDrop::new(library),
+    });
     // The fingerprint matched: same compiler and backend-core, so the generated functions
     // behave as `export_backend_plugin!` writes them (panics caught, no unwinding out).
-    let score = (entry.score)();
+    let score = score_fn();
     Ok(Probe {
         path: path_buf,
         name,
         score,
-        init: entry.init,
-        library: Arc::new(library),
+        init,
+        library,
     })
 }
 

@@ -39,9 +39,20 @@
 //! buffer types, and every buffer, backend and event made from them are host-side wrappers
 //! that hold the library and delegate. [`GlobalRegistry::unload`](crate::GlobalRegistry::unload)
 //! refuses ([`PluginError::Busy`]) while any such handle is held outside the registry;
-//! otherwise it removes the registry and closes the library. Answers of
-//! [`Registry::extension`](crate::Registry::extension) (often function pointers into the
-//! library) and graph plans are not wrapped: use them only while holding the registry or the
+//! otherwise it removes the registry and drops every object of the plugin (its memory is
+//! freed, its threads joined by its own drops).
+//!
+//! The plugin's *code* is never unmapped once any of its Rust code has run. Rust code
+//! registers destructors for its thread-locals on each thread it runs on (the plugin carries
+//! its own `std`, `tracing`, `parking_lot`), and the C runtime calls them when that thread
+//! exits, which may be long after an unload; with the library closed, that call jumps into
+//! unmapped memory (a test reproduces the segfault). `dlclose` is therefore never called for
+//! such a library; one refused before its Rust code ran (no entry point, another ABI version
+//! or fingerprint) is closed. Loading the same file again after an unload maps nothing new
+//! and runs its init afresh.
+//!
+//! Answers of [`Registry::extension`](crate::Registry::extension) and graph plans are not
+//! wrapped, so `unload` does not count them: use them only while holding the registry or the
 //! backend they came from.
 //!
 //! Downcasting a plugin's handle to its concrete type (`as_any`) does not reach the plugin's

@@ -1,7 +1,7 @@
 //! Host-side wrappers around a plugin's objects. Each holds the plugin's [`Anchor`] (declared
 //! after the wrapped object, so the object is dropped first, while its code is still mapped)
 //! and delegates; handles handed out (devices, buffer types, backends, events, buffers) are
-//! these wrappers, so every one of them keeps the library loaded, and [`RegistryGraph::busy`]
+//! these wrappers, so every one of them keeps the library loaded, and [`PluginRegistry::busy`]
 //! can tell from reference counts whether anything outside the registry still uses it.
 
 use std::any::Any;
