@@ -15,6 +15,7 @@ mod device;
 mod error;
 mod event;
 mod host;
+pub mod plugin;
 pub mod proc;
 mod raw;
 mod registry;

@@ -12,16 +12,22 @@
 //! A registry's backend-specific entry points are looked up by name
 //! ([`Registry::extension`], ggml's `get_proc_address`); [`Registry::proc_address`] does the same
 //! with a [`ProcName`] that also fixes the answer's type (see [`crate::proc`]).
+//!
+//! Registries can also come from shared libraries opened at run time
+//! ([`GlobalRegistry::load`], [`GlobalRegistry::load_best`], [`GlobalRegistry::load_all`],
+//! [`GlobalRegistry::unload`]); [`crate::plugin`] says what crosses that boundary and why.
 
 use std::any::Any;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::backend::Backend;
 use crate::device::{Device, DeviceType};
 use crate::error::{BackendError, Result};
+use crate::plugin::{self as plugin, LoadReport, LoadedPlugin, PluginError};
 use crate::proc::{self, BackendFeature, ProcName};
 
 /// What a backend crate implements once (`ggml_backend_reg_i`).
@@ -154,6 +160,8 @@ impl fmt::Debug for Registry {
 /// ```
 #[derive(Default)]
 pub struct GlobalRegistry {
+    /// Plugins loaded from shared libraries. Locked before `entries` when both are.
+    plugins: Mutex<Vec<LoadedPlugin>>,
     entries: RwLock<Vec<Entry>>,
 }
 
@@ -327,5 +335,233 @@ impl GlobalRegistry {
             }
         }
         Err(last)
+    }
+}
+
+/// Loading backends from shared libraries ([`crate::plugin`]).
+impl GlobalRegistry {
+    /// The directories [`GlobalRegistry::load_all`] and [`GlobalRegistry::load_best`] search:
+    /// those listed in [`plugin::PLUGIN_PATH_ENV`] (a path list), then the executable's.
+    pub fn plugin_search_dirs() -> Vec<PathBuf> {
+        let exe = std::env::current_exe().ok();
+        plugin::search_dirs_from(
+            std::env::var_os(plugin::PLUGIN_PATH_ENV).as_deref(),
+            exe.as_deref(),
+        )
+    }
+
+    /// Load the backend plugin at `path` and register its registry, which is returned.
+    ///
+    /// Refused with a [`PluginError`] naming the file: a file that is no library or exports
+    /// no entry point, another entry ABI version, another build fingerprint (compiler or
+    /// `backend-core`), a score of 0, a name already registered, a failing init. Nothing is
+    /// registered then (see [`crate::plugin`] for when the library is closed again).
+    ///
+    /// ```no_run
+    /// use backend_core::GlobalRegistry;
+    /// let reg = GlobalRegistry::get().load("target/debug/libbackend_demo.so")?;
+    /// for dev in reg.devices() {
+    ///     println!("{}: {}", dev.name(), dev.description());
+    /// }
+    /// # Ok::<(), backend_core::plugin::PluginError>(())
+    /// ```
+    pub fn load(&self, path: impl AsRef<Path>) -> std::result::Result<Registry, PluginError> {
+        let probe = plugin::probe(path.as_ref())?;
+        self.install(probe)
+    }
+
+    /// Register an already wrapped plugin (the bookkeeping tests, which need no library).
+    #[cfg(test)]
+    pub(crate) fn install_loaded(&self, loaded: LoadedPlugin) {
+        let mut plugins = self.plugins.lock();
+        assert!(self.register(loaded.handle()));
+        plugins.push(loaded);
+    }
+
+    fn install(&self, probe: plugin::Probe) -> std::result::Result<Registry, PluginError> {
+        let mut plugins = self.plugins.lock();
+        if self.registry(&probe.name).is_some() {
+            return Err(PluginError::AlreadyLoaded {
+                path: probe.path,
+                name: probe.name,
+            });
+        }
+        let loaded = plugin::install(probe)?;
+        let reg = loaded.handle();
+        if !self.register(reg.clone()) {
+            // The init made a registry of another name that is taken.
+            return Err(PluginError::AlreadyLoaded {
+                path: loaded.path.clone(),
+                name: reg.name().to_owned(),
+            });
+        }
+        tracing::info!(registry = reg.name(), path = %loaded.path.display(), "loaded backend plugin");
+        plugins.push(loaded);
+        Ok(reg)
+    }
+
+    /// [`GlobalRegistry::load_best_from`] over [`GlobalRegistry::plugin_search_dirs`].
+    pub fn load_best(&self, name: &str) -> std::result::Result<Registry, PluginError> {
+        self.load_best_from(name, &Self::plugin_search_dirs())
+    }
+
+    /// Load the variant of backend `name` that runs best here: of the files
+    /// `{DLL_PREFIX}backend_{name}{DLL_SUFFIX}` and `{DLL_PREFIX}backend_{name}_{variant}{DLL_SUFFIX}`
+    /// in `dirs` (`-` may stand for `_`), each one's score is read and the highest wins (the
+    /// first found among equals); a score of 0 means "cannot run here". Candidates that fail
+    /// their checks are logged and skipped; [`PluginError::NoCandidate`] when none can run.
+    ///
+    /// ```no_run
+    /// use backend_core::GlobalRegistry;
+    /// // libbackend_cpu_portable.so scores 1, libbackend_cpu_avx2.so 2 where AVX2 runs
+    /// let dirs = vec![std::path::PathBuf::from("/opt/my-app/backends")];
+    /// let cpu = GlobalRegistry::get().load_best_from("cpu", &dirs)?;
+    /// # Ok::<(), backend_core::plugin::PluginError>(())
+    /// ```
+    pub fn load_best_from(
+        &self,
+        name: &str,
+        dirs: &[PathBuf],
+    ) -> std::result::Result<Registry, PluginError> {
+        let files = plugin::candidates(dirs, Some(name));
+        let tried = files.len();
+        let mut best: Option<plugin::Probe> = None;
+        for f in files {
+            match plugin::probe(&f) {
+                Ok(p) if !p.name.eq_ignore_ascii_case(name) => {
+                    tracing::warn!(path = %f.display(), registry = p.name, "plugin file name and registry name differ; skipped");
+                }
+                Ok(p) => {
+                    tracing::debug!(path = %f.display(), score = p.score, "plugin candidate");
+                    if p.score > 0 && best.as_ref().is_none_or(|b| p.score > b.score) {
+                        best = Some(p);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "plugin candidate skipped"),
+            }
+        }
+        match best {
+            Some(p) => self.install(p),
+            None => Err(PluginError::NoCandidate {
+                name: name.to_owned(),
+                dirs: dirs.to_vec(),
+                tried,
+            }),
+        }
+    }
+
+    /// [`GlobalRegistry::load_all_from`] over [`GlobalRegistry::plugin_search_dirs`].
+    pub fn load_all(&self) -> LoadReport {
+        self.load_all_from(&Self::plugin_search_dirs())
+    }
+
+    /// Load every backend found in `dirs` (files `{DLL_PREFIX}backend_*{DLL_SUFFIX}`): of the
+    /// files that name the same registry, the best-scoring variant, as
+    /// [`GlobalRegistry::load_best_from`] picks it. Registries already registered are left
+    /// alone (reported as [`PluginError::AlreadyLoaded`]); files that fail their checks are
+    /// reported, not fatal.
+    ///
+    /// ```no_run
+    /// use backend_core::GlobalRegistry;
+    /// let report = GlobalRegistry::get().load_all(); // BACKEND_PLUGIN_PATH, then beside the exe
+    /// for e in &report.failed {
+    ///     eprintln!("skipped: {e}"); // each names its file
+    /// }
+    /// let names: Vec<_> = report.loaded.iter().map(|r| r.name().to_owned()).collect();
+    /// ```
+    pub fn load_all_from(&self, dirs: &[PathBuf]) -> LoadReport {
+        let mut report = LoadReport::default();
+        let mut best: Vec<plugin::Probe> = Vec::new();
+        let mut cannot_run: Vec<PluginError> = Vec::new();
+        for f in plugin::candidates(dirs, None) {
+            match plugin::probe(&f) {
+                Ok(p) if p.score == 0 => cannot_run.push(PluginError::CannotRun {
+                    path: p.path,
+                    name: p.name,
+                }),
+                Ok(p) => match best
+                    .iter_mut()
+                    .find(|b| b.name.eq_ignore_ascii_case(&p.name))
+                {
+                    Some(b) if p.score > b.score => *b = p,
+                    Some(_) => {}
+                    None => best.push(p),
+                },
+                Err(e) => report.failed.push(e),
+            }
+        }
+        // A variant that cannot run is only a failure when no other variant of its name can.
+        report.failed.extend(cannot_run.into_iter().filter(|e| {
+            !matches!(e, PluginError::CannotRun { name, .. }
+                if best.iter().any(|b| b.name.eq_ignore_ascii_case(name)))
+        }));
+        for p in best {
+            match self.install(p) {
+                Ok(r) => report.loaded.push(r),
+                Err(e) => report.failed.push(e),
+            }
+        }
+        report
+    }
+
+    /// The plugins loaded now: registry name and file.
+    pub fn loaded_plugins(&self) -> Vec<(String, PathBuf)> {
+        self.plugins
+            .lock()
+            .iter()
+            .map(|p| (p.handle().name().to_owned(), p.path.clone()))
+            .collect()
+    }
+
+    /// Unregister the plugin whose registry is named `name` (case-insensitive) and drop every
+    /// object of it (its code stays mapped: see [`crate::plugin`]). [`PluginError::Busy`] while any handle from it (its registry, a device, a
+    /// buffer type, buffer, backend or event) is held anywhere but in this registry: then
+    /// nothing changes. [`PluginError::NotLoaded`] if no plugin has that name.
+    ///
+    /// ```no_run
+    /// use backend_core::{GlobalRegistry, plugin::PluginError};
+    /// let global = GlobalRegistry::get();
+    /// let reg = global.load("plugins/libbackend_mine.so")?;
+    /// let backend = reg.devices()[0].init_backend("")?;
+    /// assert!(matches!(global.unload("mine"), Err(PluginError::Busy { .. })));
+    /// drop((reg, backend));
+    /// global.unload("mine")?; // unregistered, its objects dropped
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn unload(&self, name: &str) -> std::result::Result<(), PluginError> {
+        let mut plugins = self.plugins.lock();
+        let i = plugins
+            .iter()
+            .position(|p| p.handle().name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| PluginError::NotLoaded {
+                name: name.to_owned(),
+            })?;
+        let mut entries = self.entries.write();
+        // Owners of the registry wrapper: the record and the global entry.
+        if plugins[i].registry.busy(2) {
+            return Err(PluginError::Busy {
+                path: plugins[i].path.clone(),
+                name: name.to_owned(),
+            });
+        }
+        let rec = plugins.remove(i);
+        let handle = rec.handle();
+        let mut removed = Vec::new();
+        entries.retain(|e| match e {
+            Entry::Registry(r) if *r == handle => {
+                removed.push(e.clone());
+                false
+            }
+            _ => true,
+        });
+        drop(entries);
+        drop(plugins);
+        tracing::info!(registry = handle.name(), path = %rec.path.display(), "unloading backend plugin");
+        // Dropped here, outside the locks: the plugin's objects (its threads joined by their
+        // own drops), then the library.
+        drop(removed);
+        drop(handle);
+        drop(rec);
+        Ok(())
     }
 }
