@@ -49,7 +49,9 @@ pub fn run(inputs: &[[f32; N_IN]]) -> Result<Vec<Step>, Box<dyn Error>> {
     let device = TestDevice::create(TestDeviceConfig::named("GPU0"))?;
     let gpu = device.init_backend("")?;
     let cpu = backend_cpu::init()?;
-    let mut sched = Scheduler::new(vec![gpu.clone(), cpu.clone()], None, 64, false)?;
+    let mut sched = Scheduler::builder(vec![gpu.clone(), cpu.clone()])
+        .graph_size(64)
+        .build()?;
 
     // The weights, in a context of their own that lives as long as the model.
     let mut ctx = Context::new();
@@ -107,7 +109,7 @@ pub fn run(inputs: &[[f32; N_IN]]) -> Result<Vec<Step>, Box<dyn Error>> {
             .splits()
             .iter()
             .map(|s| {
-                let backend = sched.backends()[s.backend()].name().to_owned();
+                let backend = s.backend().name().to_owned();
                 let inputs = s.inputs().iter().map(|&t| gctx[t].name().to_owned());
                 (backend, inputs.collect())
             })

@@ -46,7 +46,7 @@ fn plan_facts(ctx: &Context, s: &Scheduler) -> Vec<(TensorId, usize, usize)> {
     for sp in s.splits() {
         for &inp in sp.inputs() {
             for c in 0..s.n_copies() {
-                let copy = s.tensor_copy(inp, sp.backend(), c).unwrap();
+                let copy = s.tensor_copy(inp, sp.backend_index(), c).unwrap();
                 let st = ctx[copy].storage().unwrap();
                 v.push((
                     copy,
@@ -69,7 +69,7 @@ fn bytes(ctx: &Context, t: TensorId) -> Vec<u8> {
 fn steps_without_replanning(n_copies: usize) -> Vec<Vec<u8>> {
     let (mut m, mut sched, _dev) = setup(n_copies, 5);
     sched.alloc_graph(&mut m.ctx, &m.graph).unwrap();
-    let on: Vec<usize> = sched.splits().iter().map(|s| s.backend()).collect();
+    let on: Vec<usize> = sched.splits().iter().map(|s| s.backend_index()).collect();
     assert!(on.contains(&0) && on.contains(&1), "splits on {on:?}");
     let n_tensors = m.ctx.len();
     let n_splits = sched.n_splits();
@@ -79,7 +79,7 @@ fn steps_without_replanning(n_copies: usize) -> Vec<Vec<u8>> {
     let user_inputs: Vec<(TensorId, usize)> = sched
         .splits()
         .iter()
-        .flat_map(|sp| sp.inputs().iter().map(move |&i| (i, sp.backend())))
+        .flat_map(|sp| sp.inputs().iter().map(move |&i| (i, sp.backend_index())))
         .filter(|&(i, _)| i == m.pos || i == m.mask)
         .collect();
     assert!(

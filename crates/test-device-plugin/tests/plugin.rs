@@ -139,7 +139,7 @@ fn compute_through_scheduler(dev: &Device) -> Vec<u8> {
     let mut sched = Scheduler::new(vec![on_dev, cpu], None, 64, false).unwrap();
     sched.alloc_graph(&mut ctx, &graph).unwrap();
     assert!(
-        sched.splits().iter().any(|s| s.backend() == 0),
+        sched.splits().iter().any(|s| s.backend_index() == 0),
         "nothing was scheduled on {}",
         dev.name()
     );
