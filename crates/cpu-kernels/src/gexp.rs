@@ -401,7 +401,10 @@ mod tests {
     fn soft_max_rows_agree_with_the_portable_code() {
         // Whole vectors and a tail, with and without a mask and an ALiBi slope, -inf in
         // the mask, a row with an element far below the maximum (exp underflows to 0).
-        for n in [16usize, 48, 53] {
+        // Miri perturbs libm's results, which the tail of a row takes; a perturbed tail
+        // changes the row's sum and so every element: under Miri only whole vectors.
+        let lengths: &[usize] = if cfg!(miri) { &[16, 48] } else { &[16, 48, 53] };
+        for &n in lengths {
             let xs: Vec<f32> = (0..n)
                 .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.9)
                 .collect();
@@ -413,12 +416,9 @@ mod tests {
                 let mut b = a.clone();
                 soft_max_row_portable(&mut a, m, 0.125, slope);
                 soft_max_row(&mut b, m, 0.125, slope);
-                // Miri perturbs libm's results (the tail): compare whole vectors only there.
-                let cmp = if cfg!(miri) { n / LANES * LANES } else { n };
                 assert!(
-                    a[..cmp]
-                        .iter()
-                        .zip(&b[..cmp])
+                    a.iter()
+                        .zip(&b)
                         .all(|(x, y)| x.to_bits() == y.to_bits()),
                     "n{n} slope {slope}: {a:?} vs {b:?}"
                 );
