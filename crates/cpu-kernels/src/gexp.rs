@@ -417,9 +417,7 @@ mod tests {
                 soft_max_row_portable(&mut a, m, 0.125, slope);
                 soft_max_row(&mut b, m, 0.125, slope);
                 assert!(
-                    a.iter()
-                        .zip(&b)
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "n{n} slope {slope}: {a:?} vs {b:?}"
                 );
             }
