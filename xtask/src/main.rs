@@ -171,13 +171,17 @@ fn test() -> Result {
         // `--no-tests=fail`: a filter or a build change that leaves nothing to run is an error,
         // not a green run.
         cmd.args(["nextest", "run", "--workspace", "--no-tests=fail"]);
+        // The plugin tests build their plugins with `cargo build -p test-device-plugin`: the
+        // host test binary must be resolved the same way (see `plugin_tests` below).
+        cmd.args(["--exclude", "test-device-plugin"]);
     } else {
         eprintln!("xtask: cargo-nextest not found, using cargo test");
-        cmd.args(["test", "--workspace"]);
+        cmd.args(["test", "--workspace", "--exclude", "test-device-plugin"]);
     }
     cmd.args(["--features", CI_FEATURES])
         .env("RPC_SERVER_BIN", &rpc_server);
     run(insta_env(&mut cmd))?;
+    plugin_tests(use_nextest)?;
     if use_nextest {
         // nextest does not run doctests.
         run(insta_env(cargo().args(["test", "--workspace", "--doc"])))?;
@@ -201,6 +205,26 @@ fn isa_summary() -> Result {
         String::from_utf8_lossy(&out.stdout).trim()
     );
     Ok(())
+}
+
+/// The plugin loader's tests, on their own: they build the test device as a plugin with
+/// `cargo build -p test-device-plugin`, and a host whose dependency graph was resolved with
+/// other features (the workspace run above enables `minilm/candle`) is another compilation of
+/// `backend-core` that the loader rightly refuses (`PluginError::TypeIdentity`).
+fn plugin_tests(use_nextest: bool) -> Result {
+    let mut cmd = cargo();
+    if use_nextest {
+        cmd.args([
+            "nextest",
+            "run",
+            "-p",
+            "test-device-plugin",
+            "--no-tests=fail",
+        ]);
+    } else {
+        cmd.args(["test", "-p", "test-device-plugin"]);
+    }
+    run(insta_env(&mut cmd))
 }
 
 /// Make insta fail on a changed snapshot instead of writing `.snap.new` files.

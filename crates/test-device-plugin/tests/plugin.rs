@@ -6,7 +6,11 @@
 //! The libraries are built by running `cargo build -p test-device-plugin --lib --examples`
 //! from the test (into the same target directory, so the build is shared with the workspace
 //! and is a no-op after the first run); their paths come from cargo's JSON messages rather than
-//! from guessing the target layout. Miri cannot open libraries: these tests are ignored there.
+//! from guessing the target layout. Run them as `cargo test -p test-device-plugin` (as `cargo
+//! xtask test` does): a test binary built in a run that resolves the dependency graph with
+//! other features (`--workspace --features minilm/candle`) is another compilation of
+//! `backend-core`, and the loader refuses the plugins with `PluginError::TypeIdentity`.
+//! Miri cannot open libraries: these tests are ignored there.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -216,6 +220,15 @@ fn broken_libraries_are_typed_errors_naming_the_file() {
         }
         e => panic!("{e}"),
     }
+
+    let p = b.get("other_types");
+    let e = global.load(p).unwrap_err();
+    assert_eq!(
+        e,
+        PluginError::TypeIdentity {
+            path: p.to_path_buf()
+        }
+    );
 
     let p = b.get("no_entry");
     let e = global.load(p).unwrap_err();

@@ -7,7 +7,7 @@ use crate::registry::Registry;
 
 /// Version of [`PluginEntry`]'s layout. Bumped whenever the struct changes; the first field of
 /// every version is this number as a `u32`, so a host can read it from any plugin.
-pub const PLUGIN_ABI_VERSION: u32 = 1;
+pub const PLUGIN_ABI_VERSION: u32 = 2;
 
 /// The symbol a plugin exports: `extern "C" fn() -> *const PluginEntry`.
 pub const PLUGIN_ENTRY_SYMBOL: &str = "backend_core_plugin_entry";
@@ -75,6 +75,9 @@ pub struct PluginEntry {
     pub abi_version: u32,
     /// The plugin's [`BUILD_FINGERPRINT`].
     pub fingerprint: PluginStr,
+    /// The plugin's [`type_identity`]: the host compares it with its own before it takes any
+    /// Rust object.
+    pub type_identity: extern "C" fn() -> u64,
     /// The registry's name (what `load_best` and `unload` look for).
     pub name: PluginStr,
     /// How well the backend runs on this machine: 0 = it cannot, higher is better.
@@ -98,11 +101,47 @@ impl PluginEntry {
         PluginEntry {
             abi_version: PLUGIN_ABI_VERSION,
             fingerprint: PluginStr::new(BUILD_FINGERPRINT),
+            type_identity,
             name: PluginStr::new(name),
             score,
             init,
         }
     }
+}
+
+/// A hash of the identities (`TypeId`) of the types a host and a plugin hand each other, as
+/// the build that calls it compiled them.
+///
+/// The build fingerprint sees the compiler and `backend-core`'s sources, not how cargo
+/// resolved the dependency graph around them: the same sources built with other features of a
+/// shared dependency (another workspace feature set, say) are another crate to the compiler,
+/// whose `TypeId`s differ, so every downcast across the boundary (a tensor's storage to its
+/// buffer) would fail, and layouts need not agree. Equal identities mean both sides use one
+/// compilation of these types.
+///
+/// ```
+/// // Stable within one build.
+/// assert_eq!(backend_core::plugin::type_identity(), backend_core::plugin::type_identity());
+/// ```
+pub extern "C" fn type_identity() -> u64 {
+    use std::any::TypeId;
+    use std::hash::{Hash, Hasher};
+    let ids = [
+        TypeId::of::<crate::Buffer>(),
+        TypeId::of::<crate::BufferType>(),
+        TypeId::of::<crate::Backend>(),
+        TypeId::of::<crate::Device>(),
+        TypeId::of::<crate::Registry>(),
+        TypeId::of::<crate::BackendError>(),
+        TypeId::of::<graph::Context>(),
+        TypeId::of::<graph::TensorStorage>(),
+    ];
+    // SipHash with fixed keys: the same on both sides, whose compilers the fingerprint
+    // already showed to be the same.
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new();
+    ids.hash(&mut h);
+    h.finish()
 }
 
 /// Calls a plugin's score function; a panic counts as "cannot run here" (0).

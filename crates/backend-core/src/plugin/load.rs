@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::PluginError;
 use super::abi::{
     BUILD_FINGERPRINT, InitSlot, PLUGIN_ABI_VERSION, PLUGIN_ENTRY_SYMBOL, PluginEntry,
+    type_identity,
 };
 use super::wrap::{Anchor, PluginRegistry};
 use crate::registry::Registry;
@@ -96,11 +97,15 @@ pub(crate) fn probe(path: &Path) -> Result<Probe, PluginError> {
             reason: "the registry name is not UTF-8".to_owned(),
         })?
         .to_owned();
-    let (score_fn, init) = (entry.score, entry.init);
+    let (score_fn, init, identity_fn) = (entry.score, entry.init, entry.type_identity);
     // From here on the library's Rust code runs, so it is never closed (see `Mapped`).
     let library = Arc::new(Mapped {
         _library: std::mem::ManuallyDrop::new(library),
     });
+    // Same compiler and sources; now the same compilation of the exchanged types.
+    if identity_fn() != type_identity() {
+        return Err(PluginError::TypeIdentity { path: path_buf });
+    }
     // The fingerprint matched: same compiler and backend-core, so the generated functions
     // behave as `export_backend_plugin!` writes them (panics caught, no unwinding out).
     let score = score_fn();

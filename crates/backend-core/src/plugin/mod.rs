@@ -21,14 +21,17 @@
 //!    target, and the exact compiler (version, commit, LLVM). The host calls `init`, which
 //!    hands over a [`Registry`](crate::Registry) trait object, only if the plugin's
 //!    fingerprint equals its own; otherwise loading fails with
-//!    [`PluginError::Fingerprint`]. A version mismatch, a missing symbol and a score of 0 are
-//!    refused before anything of the plugin but its entry and score functions has run.
+//!    [`PluginError::Fingerprint`]. It then compares [`type_identity`] (the `TypeId`s of the
+//!    exchanged types) with its own: the same sources built with another resolution of the
+//!    dependency graph (other features) are another compilation, refused with
+//!    [`PluginError::TypeIdentity`]. A version mismatch, a missing symbol and a score of 0
+//!    are refused before anything of the plugin but its entry, identity and score functions
+//!    has run.
 //!
 //! Why not full C vtables (or `abi_stable`): every trait here (buffer types, buffers,
 //! backends, devices, events) would need a C mirror, with graphs, tensors and errors
 //! translated at each call; that is most of this crate again, and a second copy of every
-//! contract to keep in step. What the fingerprint cannot see: the versions of the crates the
-//! traits mention (`graph`, `parking_lot`, `half`), and the global allocator. Build plugins
+//! contract to keep in step. What the checks cannot see: the global allocator. Build plugins
 //! from the same workspace and `Cargo.lock` as the host, and keep both on the system
 //! allocator (a counting wrapper over it is fine): memory allocated on one side is freed on
 //! the other.
@@ -73,6 +76,7 @@ use crate::error::BackendError;
 pub use abi::{__call_init, __call_score};
 pub use abi::{
     BUILD_FINGERPRINT, InitSlot, PLUGIN_ABI_VERSION, PLUGIN_ENTRY_SYMBOL, PluginEntry, PluginStr,
+    type_identity,
 };
 pub use load::search_dirs_from;
 
@@ -124,6 +128,19 @@ pub enum PluginError {
         found: String,
         /// [`BUILD_FINGERPRINT`].
         expected: String,
+    },
+    /// The plugin was built from the same sources by the same compiler, but its dependency graph
+    /// was resolved otherwise (other features of a shared dependency): its `backend-core` and
+    /// `graph` types are not the host's ([`type_identity`] differs).
+    #[error(
+        "{}: plugin built against another compilation of backend-core and graph (other \
+         dependency features or versions: build it in the host's workspace with the host's \
+         features)",
+        path.display()
+    )]
+    TypeIdentity {
+        /// The file.
+        path: PathBuf,
     },
     /// The plugin scores 0: it cannot run on this machine.
     #[error("{}: backend {name} cannot run on this machine (score 0)", path.display())]
@@ -183,6 +200,7 @@ impl PluginError {
             | PluginError::NotAPlugin { path, .. }
             | PluginError::AbiVersion { path, .. }
             | PluginError::Fingerprint { path, .. }
+            | PluginError::TypeIdentity { path }
             | PluginError::CannotRun { path, .. }
             | PluginError::AlreadyLoaded { path, .. }
             | PluginError::Init { path, .. }
